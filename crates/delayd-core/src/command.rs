@@ -1,0 +1,251 @@
+//! Commands (what enters the Raft log) and their replies.
+//!
+//! Everything that is not deterministic — the clock, job ids, lease tokens — is chosen by the
+//! leader and carried inside the command, so every replica computes the same state.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Job, JobId, QueueName};
+
+/// One Raft log entry: a batch of commands applied in order at one leader timestamp.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The leader's wall clock when it proposed the entry (unix ms). The state machine uses
+    /// `max(now_ms, clock)`, so replicated time never runs backwards.
+    pub now_ms: u64,
+    /// The commands, applied in order; each gets its own reply.
+    pub commands: Vec<Command>,
+}
+
+/// Everything needed to create a job, validated before it is proposed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewJob {
+    /// Chosen by the leader.
+    pub id: JobId,
+    /// Optional idempotency key.
+    pub key: Option<String>,
+    /// Payload.
+    pub body: Vec<u8>,
+    /// Attributes.
+    pub attributes: BTreeMap<String, String>,
+    /// When the job should be due.
+    pub due: Due,
+    /// Time to live from publish; `None` never expires.
+    pub ttl_ms: Option<u64>,
+    /// Maximum deliveries (≥ 1).
+    pub tries: u16,
+    /// Default time-to-run.
+    pub ttr_ms: u64,
+    /// 0 is most urgent.
+    pub priority: u32,
+}
+
+/// A due time, relative to the replicated clock or absolute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Due {
+    /// `delay_ms` after the command's time.
+    After(u64),
+    /// At this unix ms (in the past means now).
+    At(u64),
+}
+
+/// Which job a command addresses: by id or by client key, always within a queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    /// By server id.
+    Id(JobId),
+    /// By client key.
+    Key(String),
+}
+
+/// A state-machine command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create a job (or return the live job holding the same key).
+    Publish {
+        /// Destination.
+        queue: QueueName,
+        /// The job.
+        job: NewJob,
+    },
+    /// Replace a job with a new one, atomically (lmstfy's `PUT …/job/{id}`).
+    Republish {
+        /// Destination.
+        queue: QueueName,
+        /// The job replaced; it is removed whatever its state.
+        old: JobId,
+        /// The replacement.
+        job: NewJob,
+    },
+    /// Take up to `count` ready jobs from the queues, in the order given.
+    Reserve {
+        /// Queues in priority order.
+        queues: Vec<QueueName>,
+        /// At most this many jobs (≥ 1).
+        count: u32,
+        /// Time-to-run override; `None` uses each job's own.
+        ttr_ms: Option<u64>,
+        /// Leader-chosen randomness from which each delivery's lease token is derived.
+        lease_seed: u64,
+    },
+    /// Remove a job. With a lease, only the holder of that reservation may.
+    Ack {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// Required current lease, if given.
+        lease: Option<u64>,
+    },
+    /// Put a reserved job back, now or after a delay.
+    Release {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// Required current lease, if given.
+        lease: Option<u64>,
+        /// Delay before it is ready again.
+        delay_ms: u64,
+        /// New priority.
+        priority: Option<u32>,
+    },
+    /// Extend a reservation.
+    Touch {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// Required current lease, if given.
+        lease: Option<u64>,
+        /// New time-to-run from now; `None` reuses the reservation's.
+        ttr_ms: Option<u64>,
+    },
+    /// Move a reserved job to the dead letter.
+    Bury {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// Required current lease, if given.
+        lease: Option<u64>,
+    },
+    /// Change a pending (delayed or ready) job.
+    Update {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        target: Target,
+        /// New due time.
+        due: Option<Due>,
+        /// New body.
+        body: Option<Vec<u8>>,
+        /// New priority.
+        priority: Option<u32>,
+    },
+    /// Delete a job in any state, by id or key.
+    Cancel {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        target: Target,
+    },
+    /// Move up to `limit` dead jobs back to ready, with one try and a new ttl.
+    Respawn {
+        /// The queue.
+        queue: QueueName,
+        /// At most this many.
+        limit: u32,
+        /// New time to live; `None` never expires.
+        ttl_ms: Option<u64>,
+    },
+    /// Delete up to `limit` dead jobs, oldest first.
+    Purge {
+        /// The queue.
+        queue: QueueName,
+        /// At most this many.
+        limit: u32,
+    },
+    /// Pause or resume reserving from a queue.
+    SetPaused {
+        /// The queue.
+        queue: QueueName,
+        /// New flag.
+        paused: bool,
+    },
+    /// Remove the queue's ready jobs, or with `all` every job of the queue.
+    Destroy {
+        /// The queue.
+        queue: QueueName,
+        /// Every state, not just ready.
+        all: bool,
+    },
+    /// Fire every deadline at or before the clock, at most `limit` of them.
+    Tick {
+        /// Bound on the work one entry does.
+        limit: u32,
+    },
+}
+
+/// A business rejection: a value returned to the client, never a storage error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    /// No such job in that queue.
+    #[error("job not found")]
+    JobNotFound,
+    /// The job is not reserved, or the lease shown is not its current one.
+    #[error("lease is not current")]
+    LeaseNotCurrent,
+    /// The job is not in a state the command applies to.
+    #[error("job is {0}, not {1}")]
+    WrongState(String, String),
+    /// The command is invalid against the current state (e.g. due after expiry).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A delivered job with its lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The job as it is now reserved.
+    pub job: Job,
+    /// Lease token.
+    pub lease: u64,
+}
+
+/// A command's successful outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// A job was created.
+    Published {
+        /// Its id.
+        id: JobId,
+    },
+    /// A live job (or one inside the dedup window) already holds the key.
+    Exists {
+        /// The existing job.
+        id: JobId,
+    },
+    /// Jobs handed out (possibly none).
+    Reserved(Vec<Delivery>),
+    /// The job was acked or deleted; `false` when it did not exist.
+    Removed(bool),
+    /// The command took effect on the job; its new record.
+    Job(Box<Job>),
+    /// Number of jobs affected.
+    Count(u64),
+    /// A tick fired `fired` deadlines; `more` when it stopped at its limit.
+    Ticked {
+        /// Deadlines processed.
+        fired: u64,
+        /// More deadlines were due.
+        more: bool,
+    },
+    /// Nothing to report.
+    Done,
+}
+
+/// A command's result.
+pub type Outcome = Result<Reply, Rejection>;

@@ -1,0 +1,189 @@
+//! Key layouts of the state machine's column families.
+//!
+//! All integers are big-endian so that byte order is numeric order. A queue is encoded as
+//! `[len(ns)] ns [len(q)] q`; names are at most 255 bytes, so one length byte suffices and no
+//! queue's prefix is a prefix of another's.
+//!
+//! | cf       | key                                   | value          |
+//! |----------|---------------------------------------|----------------|
+//! | Jobs     | id(16)                                | [`Job`]        |
+//! | Timers   | deadline_ms(8) kind(1) id(16)         | kind payload   |
+//! | Ready    | queue priority(4) seq(8) id(16)       | —              |
+//! | Dead     | queue seq(8) id(16)                   | —              |
+//! | Members  | queue id(16)                          | —              |
+//! | Keys     | queue key                             | [`KeyRecord`]  |
+//! | Queues   | queue                                 | [`QueueMeta`]  |
+//! | DueHist  | queue minute(8)                       | count(8)       |
+//! | Meta     | name                                  | u64 (8)        |
+//!
+//! [`Job`]: crate::model::Job
+//! [`QueueMeta`]: crate::model::QueueMeta
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{JobId, QueueName};
+
+/// Meta key of the replicated clock.
+pub const META_CLOCK: &[u8] = b"clock";
+/// Meta key of the ready/dead-letter sequence counter.
+pub const META_SEQ: &[u8] = b"seq";
+
+/// What a timer entry fires.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum TimerKind {
+    /// The job's ttl passed. Sorted first: a job whose ttl ends the instant it comes due expires.
+    Expire = 0,
+    /// A reservation's ttr passed.
+    Lease = 1,
+    /// A delayed job came due.
+    Due = 2,
+    /// A finished job's key leaves the dedup window; the payload names the key.
+    KeyGc = 3,
+}
+
+impl TimerKind {
+    fn from_u8(b: u8) -> Option<Self> {
+        Some(match b {
+            0 => TimerKind::Expire,
+            1 => TimerKind::Lease,
+            2 => TimerKind::Due,
+            3 => TimerKind::KeyGc,
+            _ => return None,
+        })
+    }
+}
+
+/// A client key's record: the job holding it, and when that job ended (then the key is only
+/// remembered for the dedup window).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// The job that was published under the key.
+    pub id: JobId,
+    /// When the job finished, if it has.
+    pub ended_ms: Option<u64>,
+}
+
+/// The queue prefix shared by every per-queue index.
+pub fn queue(q: &QueueName) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + q.namespace.len() + q.queue.len() + 28);
+    k.push(q.namespace.len() as u8);
+    k.extend_from_slice(q.namespace.as_bytes());
+    k.push(q.queue.len() as u8);
+    k.extend_from_slice(q.queue.as_bytes());
+    k
+}
+
+/// Splits a per-queue key into its queue and the rest.
+pub fn split_queue(key: &[u8]) -> Option<(QueueName, &[u8])> {
+    let (&ns_len, rest) = key.split_first()?;
+    let ns = rest.get(..ns_len as usize)?;
+    let (&q_len, rest) = rest.get(ns_len as usize..)?.split_first()?;
+    let q = rest.get(..q_len as usize)?;
+    let name =
+        QueueName::new(String::from_utf8(ns.to_vec()).ok()?, String::from_utf8(q.to_vec()).ok()?);
+    Some((name, &rest[q_len as usize..]))
+}
+
+/// The smallest key greater than every key starting with `prefix`, for exclusive upper bounds.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    Vec::new() // all 0xFF: unbounded
+}
+
+/// Timers key.
+pub fn timer(deadline_ms: u64, kind: TimerKind, id: JobId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(25);
+    k.extend_from_slice(&deadline_ms.to_be_bytes());
+    k.push(kind as u8);
+    k.extend_from_slice(&id.to_bytes());
+    k
+}
+
+/// Decodes a Timers key.
+pub fn parse_timer(key: &[u8]) -> Option<(u64, TimerKind, JobId)> {
+    if key.len() != 25 {
+        return None;
+    }
+    let deadline = u64::from_be_bytes(key[..8].try_into().ok()?);
+    let kind = TimerKind::from_u8(key[8])?;
+    Some((deadline, kind, trailing_id(key)?))
+}
+
+/// Ready key.
+pub fn ready(q: &QueueName, priority: u32, seq: u64, id: JobId) -> Vec<u8> {
+    let mut k = queue(q);
+    k.extend_from_slice(&priority.to_be_bytes());
+    k.extend_from_slice(&seq.to_be_bytes());
+    k.extend_from_slice(&id.to_bytes());
+    k
+}
+
+/// Dead-letter key.
+pub fn dead(q: &QueueName, seq: u64, id: JobId) -> Vec<u8> {
+    let mut k = queue(q);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k.extend_from_slice(&id.to_bytes());
+    k
+}
+
+/// Members key.
+pub fn member(q: &QueueName, id: JobId) -> Vec<u8> {
+    let mut k = queue(q);
+    k.extend_from_slice(&id.to_bytes());
+    k
+}
+
+/// Keys key.
+pub fn client_key(q: &QueueName, key: &str) -> Vec<u8> {
+    let mut k = queue(q);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// DueHist key for the minute containing `due_ms`.
+pub fn due_minute(q: &QueueName, due_ms: u64) -> Vec<u8> {
+    let mut k = queue(q);
+    k.extend_from_slice(&(due_ms / 60_000).to_be_bytes());
+    k
+}
+
+/// The job id that ends Timers, Ready, Dead and Members keys.
+pub fn trailing_id(key: &[u8]) -> Option<JobId> {
+    let start = key.len().checked_sub(16)?;
+    Some(JobId::from_bytes(key[start..].try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_prefixes_do_not_nest() {
+        let a = queue(&QueueName::new("ns", "q"));
+        let b = queue(&QueueName::new("ns", "q2"));
+        assert!(!b.starts_with(&a));
+        assert!(prefix_end(&a) <= b || !b.starts_with(&a));
+    }
+
+    #[test]
+    fn timer_keys_sort_by_deadline_then_kind() {
+        let id = JobId(7);
+        assert!(timer(5, TimerKind::Due, id) < timer(6, TimerKind::Expire, id));
+        assert!(timer(5, TimerKind::Expire, id) < timer(5, TimerKind::Due, id));
+        assert_eq!(parse_timer(&timer(9, TimerKind::Lease, id)), Some((9, TimerKind::Lease, id)));
+    }
+
+    #[test]
+    fn prefix_end_bounds_the_prefix() {
+        assert_eq!(prefix_end(&[1, 2]), vec![1, 3]);
+        assert_eq!(prefix_end(&[1, 255]), vec![2]);
+        assert_eq!(prefix_end(&[255]), Vec::<u8>::new());
+    }
+}

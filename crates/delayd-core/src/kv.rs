@@ -1,0 +1,297 @@
+//! The key-value view the state machine runs on.
+//!
+//! The core never names RocksDB: it reads through [`KvRead`] and writes into an [`Overlay`],
+//! an ordered buffer of pending writes layered over a read view. Reads through the overlay see
+//! the batch's own earlier writes, so several commands in one Raft entry (and several entries in
+//! one apply call) compose exactly as if each had been applied on its own. When the batch is
+//! done the store turns [`Overlay::into_writes`] into one atomic write together with the
+//! last-applied log id; if anything fails before that, nothing of the batch is visible.
+//!
+//! Data is split into column families ([`Cf`]) so that each ordered index can be scanned on its
+//! own; every key layout is documented where it is built, in `keys.rs`.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+/// A storage failure. These are never business outcomes: they mean the state cannot be read or
+/// written, and openraft stops the node when it sees one.
+#[derive(Debug, thiserror::Error)]
+#[error("storage: {0}")]
+pub struct KvError(pub String);
+
+/// The column families of the replicated state machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cf {
+    /// Job records by id.
+    Jobs,
+    /// Every pending deadline: (deadline, kind, id) → payload.
+    Timers,
+    /// Ready jobs per queue in delivery order: (queue, priority, seq, id).
+    Ready,
+    /// Dead-letter jobs per queue in arrival order: (queue, seq, id).
+    Dead,
+    /// Every live job of a queue: (queue, id). Lets a queue be destroyed without a full scan.
+    Members,
+    /// Client keys per queue: (queue, key) → key record.
+    Keys,
+    /// Per-queue metadata (pause flag, counts per state).
+    Queues,
+    /// Per-queue count of delayed jobs per due minute: the upcoming-due histogram.
+    DueHist,
+    /// Scalars of the state machine (clock, sequence). The store keeps its own keys here too.
+    Meta,
+}
+
+impl Cf {
+    /// Every column family, in a fixed order.
+    pub const ALL: [Cf; 9] = [
+        Cf::Jobs,
+        Cf::Timers,
+        Cf::Ready,
+        Cf::Dead,
+        Cf::Members,
+        Cf::Keys,
+        Cf::Queues,
+        Cf::DueHist,
+        Cf::Meta,
+    ];
+
+    /// The column family's name on disk. Stable: changing one is an on-disk format change.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cf::Jobs => "sm_jobs",
+            Cf::Timers => "sm_timers",
+            Cf::Ready => "sm_ready",
+            Cf::Dead => "sm_dead",
+            Cf::Members => "sm_members",
+            Cf::Keys => "sm_keys",
+            Cf::Queues => "sm_queues",
+            Cf::DueHist => "sm_duehist",
+            Cf::Meta => "sm_meta",
+        }
+    }
+}
+
+/// Read access to a consistent view of the state machine's data.
+pub trait KvRead {
+    /// Reads one value.
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, KvError>;
+
+    /// Visits the entries with `from <= key < to` in key order (`to` empty: no upper bound)
+    /// until `visit` returns false.
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), KvError>;
+}
+
+/// An in-memory ordered map: the base for golden tests and an empty view.
+#[derive(Debug, Default, Clone)]
+pub struct MemKv {
+    map: BTreeMap<(Cf, Vec<u8>), Vec<u8>>,
+}
+
+impl MemKv {
+    /// Applies writes produced by an [`Overlay`].
+    pub fn apply(&mut self, writes: impl IntoIterator<Item = Write>) {
+        for (cf, key, value) in writes {
+            match value {
+                Some(v) => self.map.insert((cf, key), v),
+                None => self.map.remove(&(cf, key)),
+            };
+        }
+    }
+
+    /// Every entry, in (column family, key) order.
+    pub fn iter(&self) -> impl Iterator<Item = (Cf, &[u8], &[u8])> {
+        self.map.iter().map(|((cf, k), v)| (*cf, k.as_slice(), v.as_slice()))
+    }
+}
+
+fn upper(cf: Cf, to: &[u8]) -> Bound<(Cf, Vec<u8>)> {
+    if to.is_empty() {
+        Bound::Unbounded
+    } else {
+        Bound::Excluded((cf, to.to_vec()))
+    }
+}
+
+impl KvRead for MemKv {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        Ok(self.map.get(&(cf, key.to_vec())).cloned())
+    }
+
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), KvError> {
+        let range = (Bound::Included((cf, from.to_vec())), upper(cf, to));
+        for ((c, k), v) in self.map.range(range) {
+            if *c != cf || !visit(k, v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One pending write: a put (`Some`) or a delete (`None`).
+pub type Write = (Cf, Vec<u8>, Option<Vec<u8>>);
+
+/// Pending writes over a read view; reads see the pending writes first.
+pub struct Overlay<'a, R: KvRead + ?Sized> {
+    base: &'a R,
+    pending: BTreeMap<(Cf, Vec<u8>), Option<Vec<u8>>>,
+}
+
+impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
+    /// Starts an empty batch over `base`.
+    pub fn new(base: &'a R) -> Self {
+        Overlay { base, pending: BTreeMap::new() }
+    }
+
+    /// Buffers a put.
+    pub fn put(&mut self, cf: Cf, key: Vec<u8>, value: Vec<u8>) {
+        self.pending.insert((cf, key), Some(value));
+    }
+
+    /// Buffers a delete.
+    pub fn delete(&mut self, cf: Cf, key: Vec<u8>) {
+        self.pending.insert((cf, key), None);
+    }
+
+    /// Number of buffered writes.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when nothing is buffered.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The buffered writes, in key order, to be written atomically.
+    pub fn into_writes(self) -> impl Iterator<Item = Write> {
+        self.pending.into_iter().map(|((cf, k), v)| (cf, k, v))
+    }
+}
+
+impl<R: KvRead + ?Sized> KvRead for Overlay<'_, R> {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        match self.pending.get(&(cf, key.to_vec())) {
+            Some(v) => Ok(v.clone()),
+            None => self.base.get(cf, key),
+        }
+    }
+
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), KvError> {
+        // Merge the base's ordered entries with the pending ones; a pending entry shadows the
+        // base entry with the same key, and a pending delete hides it.
+        let mut pending = self
+            .pending
+            .range((Bound::Included((cf, from.to_vec())), upper(cf, to)))
+            .map(|((_, k), v)| (k, v))
+            .peekable();
+        let mut stopped = false;
+        self.base.scan(cf, from, to, &mut |key, value| {
+            while let Some((pk, pv)) = pending.peek() {
+                if pk.as_slice() > key {
+                    break;
+                }
+                let shadows = pk.as_slice() == key;
+                if let Some(v) = pv {
+                    if !visit(pk, v) {
+                        stopped = true;
+                        return false;
+                    }
+                }
+                pending.next();
+                if shadows {
+                    return true;
+                }
+            }
+            if !visit(key, value) {
+                stopped = true;
+                return false;
+            }
+            true
+        })?;
+        if !stopped {
+            for (k, v) in pending {
+                if let Some(v) = v {
+                    if !visit(k, v) {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(kv: &impl KvRead, from: &[u8], to: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        kv.scan(Cf::Ready, from, to, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            true
+        })
+        .expect("scan");
+        out
+    }
+
+    #[test]
+    fn overlay_merges_shadows_and_hides() {
+        let mut base = MemKv::default();
+        base.apply([
+            (Cf::Ready, b"a".to_vec(), Some(b"1".to_vec())),
+            (Cf::Ready, b"c".to_vec(), Some(b"3".to_vec())),
+            (Cf::Ready, b"e".to_vec(), Some(b"5".to_vec())),
+            (Cf::Dead, b"b".to_vec(), Some(b"x".to_vec())),
+        ]);
+        let mut o = Overlay::new(&base);
+        o.put(Cf::Ready, b"b".to_vec(), b"2".to_vec());
+        o.put(Cf::Ready, b"c".to_vec(), b"33".to_vec());
+        o.delete(Cf::Ready, b"e".to_vec());
+        o.put(Cf::Ready, b"f".to_vec(), b"6".to_vec());
+        let got = collect(&o, b"", b"");
+        let want: Vec<(Vec<u8>, Vec<u8>)> = [("a", "1"), ("b", "2"), ("c", "33"), ("f", "6")]
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(collect(&o, b"b", b"d").len(), 2);
+        assert_eq!(o.get(Cf::Ready, b"e").expect("get"), None);
+        assert_eq!(o.get(Cf::Dead, b"b").expect("get"), Some(b"x".to_vec()));
+    }
+
+    #[test]
+    fn overlay_scan_stops_when_asked() {
+        let mut base = MemKv::default();
+        base.apply((0u8..10).map(|i| (Cf::Ready, vec![i], Some(vec![i]))));
+        let mut o = Overlay::new(&base);
+        o.put(Cf::Ready, vec![3, 0], vec![]);
+        let mut seen = Vec::new();
+        o.scan(Cf::Ready, &[], &[], &mut |k, _| {
+            seen.push(k.to_vec());
+            seen.len() < 5
+        })
+        .expect("scan");
+        assert_eq!(seen, vec![vec![0], vec![1], vec![2], vec![3], vec![3, 0]]);
+    }
+}

@@ -1,0 +1,654 @@
+//! Applying commands: every job transition of delayd, in one place.
+//!
+//! [`apply`] runs one log [`Entry`] against an [`Overlay`]. Each transition is written as
+//! "take the job out of the indexes of its state, change it, put it into the indexes of its
+//! new state" ([`Tx::unindex`] / [`Tx::index`]), so a job is always in exactly the indexes its
+//! state calls for — which is also why a timer entry can never fire twice: firing removes it.
+//!
+//! Time: the entry's `now_ms` moves the replicated clock forward, never back. Every deadline is
+//! absolute. A tick fires only what is due at the clock, so a tick proposed late by a deposed
+//! leader finds nothing left to do (ticks are idempotent).
+//!
+//! Tries: `tries` bounds deliveries that time out. When the reservation of the last try
+//! expires the job goes to the dead letter; an explicit release is the consumer's decision and
+//! always puts the job back (its next delivery reports `remain_tries` 0).
+
+use std::collections::BTreeSet;
+
+use crate::codec::{decode, encode};
+use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
+use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_SEQ};
+use crate::kv::{Cf, KvError, KvRead, Overlay};
+use crate::model::{Job, JobId, JobState, Lease, QueueMeta, QueueName};
+
+/// How long a finished job's client key still dedups publishes.
+pub const DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
+
+/// What an applied batch means for the world outside the state machine: which long-poll
+/// waiters to wake and whether the timer pump must wake earlier than it planned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Queues that gained ready jobs (or were resumed with ready jobs).
+    pub ready_queues: BTreeSet<QueueName>,
+    /// The earliest timer deadline added by the batch.
+    pub earliest_timer_ms: Option<u64>,
+}
+
+impl Effects {
+    /// Folds another batch's effects into this one.
+    pub fn merge(&mut self, other: Effects) {
+        self.ready_queues.extend(other.ready_queues);
+        if let Some(t) = other.earliest_timer_ms {
+            self.timer_added(t);
+        }
+    }
+
+    fn timer_added(&mut self, deadline_ms: u64) {
+        self.earliest_timer_ms =
+            Some(self.earliest_timer_ms.map_or(deadline_ms, |e| e.min(deadline_ms)));
+    }
+}
+
+/// Applies one log entry, returning one outcome per command.
+///
+/// Errors are storage failures only; every business rejection is an [`Outcome`].
+pub fn apply<R: KvRead + ?Sized>(
+    kv: &mut Overlay<'_, R>,
+    entry: &Entry,
+    effects: &mut Effects,
+) -> Result<Vec<Outcome>, KvError> {
+    let clock = read_u64(kv, Cf::Meta, META_CLOCK)?.unwrap_or(0).max(entry.now_ms);
+    kv.put(Cf::Meta, META_CLOCK.to_vec(), clock.to_be_bytes().to_vec());
+    let mut tx = Tx { kv, now: clock, effects };
+    entry.commands.iter().map(|c| tx.command(c)).collect()
+}
+
+fn read_u64(kv: &impl KvRead, cf: Cf, key: &[u8]) -> Result<Option<u64>, KvError> {
+    match kv.get(cf, key)? {
+        Some(v) => {
+            let b: [u8; 8] = v.as_slice().try_into().map_err(|_| KvError("bad u64".into()))?;
+            Ok(Some(u64::from_be_bytes(b)))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Derives the i-th lease token of a reserve from the leader's seed (splitmix64): distinct per
+/// delivery, and the same on every replica.
+fn lease_token(seed: u64, i: u64) -> u64 {
+    let mut z = seed.wrapping_add(i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One entry's application: the overlay, the clock and the effects being collected.
+struct Tx<'t, 'a, R: KvRead + ?Sized> {
+    kv: &'t mut Overlay<'a, R>,
+    now: u64,
+    effects: &'t mut Effects,
+}
+
+type Result2<T> = Result<Result<T, Rejection>, KvError>;
+
+impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
+    fn command(&mut self, command: &Command) -> Result<Outcome, KvError> {
+        match command {
+            Command::Publish { queue, job } => self.publish(queue, job),
+            Command::Republish { queue, old, job } => {
+                if let Some(old) = self.job_in(queue, *old)? {
+                    self.remove(old, false)?;
+                }
+                self.publish(queue, job)
+            }
+            Command::Reserve { queues, count, ttr_ms, lease_seed } => {
+                self.reserve(queues, *count, *ttr_ms, *lease_seed).map(Ok)
+            }
+            Command::Ack { queue, id, lease } => self.ack(queue, *id, *lease),
+            Command::Release { queue, id, lease, delay_ms, priority } => {
+                self.release(queue, *id, *lease, *delay_ms, *priority)
+            }
+            Command::Touch { queue, id, lease, ttr_ms } => self.touch(queue, *id, *lease, *ttr_ms),
+            Command::Bury { queue, id, lease } => {
+                let mut job = match self.leased(queue, *id, *lease)? {
+                    Ok(job) => job,
+                    Err(r) => return Ok(Err(r)),
+                };
+                self.to_dead(&mut job)?;
+                Ok(Ok(Reply::Job(Box::new(job))))
+            }
+            Command::Update { queue, target, due, body, priority } => {
+                self.update(queue, target, *due, body.as_deref(), *priority)
+            }
+            Command::Cancel { queue, target } => match self.resolve(queue, target)? {
+                Some(job) => {
+                    self.remove(job, true)?;
+                    Ok(Ok(Reply::Removed(true)))
+                }
+                None => Ok(Ok(Reply::Removed(false))),
+            },
+            Command::Respawn { queue, limit, ttl_ms } => {
+                self.respawn(queue, *limit, *ttl_ms).map(Ok)
+            }
+            Command::Purge { queue, limit } => {
+                let ids = self.scan_ids(Cf::Dead, &keys::queue(queue), *limit as usize)?;
+                self.remove_ids(&ids).map(|n| Ok(Reply::Count(n)))
+            }
+            Command::SetPaused { queue, paused } => {
+                let mut meta = self.meta(queue)?;
+                meta.paused = *paused;
+                if !paused && meta.count(JobState::Ready) > 0 {
+                    self.effects.ready_queues.insert(queue.clone());
+                }
+                self.save_meta(queue, &meta);
+                Ok(Ok(Reply::Done))
+            }
+            Command::Destroy { queue, all } => {
+                let cf = if *all { Cf::Members } else { Cf::Ready };
+                let ids = self.scan_ids(cf, &keys::queue(queue), usize::MAX)?;
+                self.remove_ids(&ids).map(|n| Ok(Reply::Count(n)))
+            }
+            Command::Tick { limit } => self.tick(*limit).map(Ok),
+        }
+    }
+
+    // ---- commands ----
+
+    fn publish(&mut self, queue: &QueueName, new: &NewJob) -> Result<Outcome, KvError> {
+        if let Some(key) = &new.key {
+            if let Some(rec) = self.key_record(queue, key)? {
+                return Ok(Ok(Reply::Exists { id: rec.id }));
+            }
+        }
+        let due_ms = self.due_ms(new.due);
+        let expires_ms = new.ttl_ms.map(|ttl| self.now.saturating_add(ttl));
+        if let Some(exp) = expires_ms {
+            if exp < due_ms {
+                return Ok(Err(Rejection::Invalid("ttl ends before the job is due".into())));
+            }
+        }
+        let mut job = Job {
+            id: new.id,
+            queue: queue.clone(),
+            key: new.key.clone(),
+            body: new.body.clone(),
+            attributes: new.attributes.clone(),
+            state: if due_ms <= self.now { JobState::Ready } else { JobState::Delayed },
+            priority: new.priority,
+            created_ms: self.now,
+            due_ms,
+            expires_ms,
+            tries: new.tries.max(1),
+            attempts: 0,
+            ttr_ms: new.ttr_ms,
+            lease: None,
+            seq: 0,
+        };
+        if let Some(key) = &new.key {
+            let rec = KeyRecord { id: job.id, ended_ms: None };
+            self.kv.put(Cf::Keys, keys::client_key(queue, key), encode(&rec));
+        }
+        self.kv.put(Cf::Members, keys::member(queue, job.id), Vec::new());
+        self.set_expiry(&job, true);
+        self.index(&mut job)?;
+        Ok(Ok(Reply::Published { id: job.id }))
+    }
+
+    fn reserve(
+        &mut self,
+        queues: &[QueueName],
+        count: u32,
+        ttr_ms: Option<u64>,
+        seed: u64,
+    ) -> Result<Reply, KvError> {
+        let mut out = Vec::new();
+        for queue in queues {
+            let want = (count as usize).saturating_sub(out.len());
+            if want == 0 {
+                break;
+            }
+            if self.meta(queue)?.paused {
+                continue;
+            }
+            for id in self.scan_ids(Cf::Ready, &keys::queue(queue), want)? {
+                let Some(mut job) = self.load(id)? else { continue };
+                self.unindex(&job)?;
+                job.attempts = job.attempts.saturating_add(1);
+                let ttr = ttr_ms.unwrap_or(job.ttr_ms);
+                let token = lease_token(seed, out.len() as u64);
+                job.lease =
+                    Some(Lease { token, deadline_ms: self.now.saturating_add(ttr), ttr_ms: ttr });
+                job.state = JobState::Reserved;
+                self.index(&mut job)?;
+                out.push(Delivery { job, lease: token });
+            }
+        }
+        Ok(Reply::Reserved(out))
+    }
+
+    fn ack(
+        &mut self,
+        queue: &QueueName,
+        id: JobId,
+        lease: Option<u64>,
+    ) -> Result<Outcome, KvError> {
+        if lease.is_some() {
+            return match self.leased(queue, id, lease)? {
+                Ok(job) => {
+                    self.remove(job, true)?;
+                    Ok(Ok(Reply::Removed(true)))
+                }
+                Err(r) => Ok(Err(r)),
+            };
+        }
+        match self.job_in(queue, id)? {
+            Some(job) => {
+                self.remove(job, true)?;
+                Ok(Ok(Reply::Removed(true)))
+            }
+            None => Ok(Ok(Reply::Removed(false))),
+        }
+    }
+
+    fn release(
+        &mut self,
+        queue: &QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        delay_ms: u64,
+        priority: Option<u32>,
+    ) -> Result<Outcome, KvError> {
+        let mut job = match self.leased(queue, id, lease)? {
+            Ok(job) => job,
+            Err(r) => return Ok(Err(r)),
+        };
+        let due_ms = self.now.saturating_add(delay_ms);
+        if job.expires_ms.is_some_and(|exp| exp < due_ms) {
+            return Ok(Err(Rejection::Invalid("the delay ends after the job's ttl".into())));
+        }
+        self.unindex(&job)?;
+        job.lease = None;
+        job.priority = priority.unwrap_or(job.priority);
+        job.due_ms = due_ms;
+        job.state = if delay_ms == 0 { JobState::Ready } else { JobState::Delayed };
+        self.index(&mut job)?;
+        Ok(Ok(Reply::Job(Box::new(job))))
+    }
+
+    fn touch(
+        &mut self,
+        queue: &QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        ttr_ms: Option<u64>,
+    ) -> Result<Outcome, KvError> {
+        let mut job = match self.leased(queue, id, lease)? {
+            Ok(job) => job,
+            Err(r) => return Ok(Err(r)),
+        };
+        self.unindex(&job)?;
+        if let Some(l) = job.lease.as_mut() {
+            l.ttr_ms = ttr_ms.unwrap_or(l.ttr_ms);
+            l.deadline_ms = self.now.saturating_add(l.ttr_ms);
+        }
+        self.index(&mut job)?;
+        Ok(Ok(Reply::Job(Box::new(job))))
+    }
+
+    fn update(
+        &mut self,
+        queue: &QueueName,
+        target: &Target,
+        due: Option<Due>,
+        body: Option<&[u8]>,
+        priority: Option<u32>,
+    ) -> Result<Outcome, KvError> {
+        let Some(mut job) = self.resolve(queue, target)? else {
+            return Ok(Err(Rejection::JobNotFound));
+        };
+        if !matches!(job.state, JobState::Delayed | JobState::Ready) {
+            let state = job.state.as_str().to_string();
+            return Ok(Err(Rejection::WrongState(state, "delayed or ready".into())));
+        }
+        let due_ms = due.map_or(job.due_ms, |d| self.due_ms(d));
+        if job.expires_ms.is_some_and(|exp| exp < due_ms) {
+            return Ok(Err(Rejection::Invalid("the new due time is after the job's ttl".into())));
+        }
+        self.unindex(&job)?;
+        let was_ready = job.state == JobState::Ready;
+        job.due_ms = due_ms;
+        job.priority = priority.unwrap_or(job.priority);
+        if let Some(body) = body {
+            job.body = body.to_vec();
+        }
+        job.state = if job.due_ms <= self.now { JobState::Ready } else { JobState::Delayed };
+        if was_ready && job.state == JobState::Ready {
+            // Keep its place in line: only the priority may have moved it.
+            self.index_keeping_seq(&mut job)?;
+        } else {
+            self.index(&mut job)?;
+        }
+        Ok(Ok(Reply::Job(Box::new(job))))
+    }
+
+    fn respawn(
+        &mut self,
+        queue: &QueueName,
+        limit: u32,
+        ttl_ms: Option<u64>,
+    ) -> Result<Reply, KvError> {
+        let ids = self.scan_ids(Cf::Dead, &keys::queue(queue), limit as usize)?;
+        let mut n = 0;
+        for id in ids {
+            let Some(mut job) = self.load(id)? else { continue };
+            self.unindex(&job)?;
+            job.attempts = 0;
+            job.tries = 1;
+            job.expires_ms = ttl_ms.map(|ttl| self.now.saturating_add(ttl));
+            job.due_ms = self.now;
+            job.state = JobState::Ready;
+            self.set_expiry(&job, true);
+            self.index(&mut job)?;
+            n += 1;
+        }
+        Ok(Reply::Count(n))
+    }
+
+    fn tick(&mut self, limit: u32) -> Result<Reply, KvError> {
+        let mut due = Vec::new();
+        let end = keys::timer(self.now.saturating_add(1), TimerKind::Expire, JobId(0));
+        let want = limit as usize + 1;
+        self.kv.scan(Cf::Timers, &[], &end, &mut |k, v| {
+            due.push((k.to_vec(), v.to_vec()));
+            due.len() < want
+        })?;
+        let more = due.len() > limit as usize;
+        due.truncate(limit as usize);
+        let fired = due.len() as u64;
+        for (key, payload) in due {
+            // Firing always consumes the entry, so a stray one can never wedge the pump.
+            self.kv.delete(Cf::Timers, key.clone());
+            let Some((deadline, kind, id)) = keys::parse_timer(&key) else {
+                return Err(KvError("corrupt timer key".into()));
+            };
+            self.fire(deadline, kind, id, &payload)?;
+        }
+        Ok(Reply::Ticked { fired, more })
+    }
+
+    fn fire(
+        &mut self,
+        deadline: u64,
+        kind: TimerKind,
+        id: JobId,
+        payload: &[u8],
+    ) -> Result<(), KvError> {
+        if kind == TimerKind::KeyGc {
+            let (queue, key): (QueueName, String) = decode(payload)?;
+            let k = keys::client_key(&queue, &key);
+            if let Some(rec) = self.kv.get(Cf::Keys, &k)? {
+                let rec: KeyRecord = decode(&rec)?;
+                if rec.id == id && rec.ended_ms.is_some() {
+                    self.kv.delete(Cf::Keys, k);
+                }
+            }
+            return Ok(());
+        }
+        let Some(mut job) = self.load(id)? else { return Ok(()) };
+        match kind {
+            TimerKind::Expire
+                if job.state != JobState::Dead && job.expires_ms == Some(deadline) =>
+            {
+                self.remove(job, true)?;
+            }
+            TimerKind::Due if job.state == JobState::Delayed && job.due_ms == deadline => {
+                self.unindex(&job)?;
+                job.state = JobState::Ready;
+                self.index(&mut job)?;
+            }
+            TimerKind::Lease
+                if job.state == JobState::Reserved
+                    && job.lease.is_some_and(|l| l.deadline_ms == deadline) =>
+            {
+                if job.attempts >= job.tries {
+                    self.to_dead(&mut job)?;
+                } else {
+                    self.unindex(&job)?;
+                    job.lease = None;
+                    job.due_ms = self.now;
+                    job.state = JobState::Ready;
+                    self.index(&mut job)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    // ---- transitions ----
+
+    fn to_dead(&mut self, job: &mut Job) -> Result<(), KvError> {
+        self.unindex(job)?;
+        self.set_expiry(job, false); // a dead job never expires
+        job.lease = None;
+        job.state = JobState::Dead;
+        self.index(job)
+    }
+
+    /// Deletes a job and every index entry of it. Its client key stays in the dedup window,
+    /// unless `keep_key` is false (a republish replaces the job under the same key).
+    fn remove(&mut self, job: Job, keep_key: bool) -> Result<(), KvError> {
+        self.unindex(&job)?;
+        if job.state != JobState::Dead {
+            self.set_expiry(&job, false);
+        }
+        self.kv.delete(Cf::Members, keys::member(&job.queue, job.id));
+        self.kv.delete(Cf::Jobs, job.id.to_bytes().to_vec());
+        if let Some(key) = &job.key {
+            let k = keys::client_key(&job.queue, key);
+            if keep_key {
+                let rec = KeyRecord { id: job.id, ended_ms: Some(self.now) };
+                self.kv.put(Cf::Keys, k, encode(&rec));
+                let gc = self.now.saturating_add(DEDUP_WINDOW_MS);
+                let payload = encode(&(job.queue.clone(), key.clone()));
+                self.kv.put(Cf::Timers, keys::timer(gc, TimerKind::KeyGc, job.id), payload);
+                self.effects.timer_added(gc);
+            } else {
+                self.kv.delete(Cf::Keys, k);
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_ids(&mut self, ids: &[JobId]) -> Result<u64, KvError> {
+        let mut n = 0;
+        for id in ids {
+            if let Some(job) = self.load(*id)? {
+                self.remove(job, true)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Adds the ttl timer (`on`) or removes it.
+    fn set_expiry(&mut self, job: &Job, on: bool) {
+        if let Some(exp) = job.expires_ms {
+            let key = keys::timer(exp, TimerKind::Expire, job.id);
+            if on {
+                self.kv.put(Cf::Timers, key, Vec::new());
+                self.effects.timer_added(exp);
+            } else {
+                self.kv.delete(Cf::Timers, key);
+            }
+        }
+    }
+
+    /// Removes the job from the indexes of its current state and from the state's count.
+    fn unindex(&mut self, job: &Job) -> Result<(), KvError> {
+        let q = &job.queue;
+        match job.state {
+            JobState::Delayed => {
+                self.kv.delete(Cf::Timers, keys::timer(job.due_ms, TimerKind::Due, job.id));
+                self.add_hist(q, job.due_ms, -1)?;
+            }
+            JobState::Ready => {
+                self.kv.delete(Cf::Ready, keys::ready(q, job.priority, job.seq, job.id))
+            }
+            JobState::Reserved => {
+                if let Some(l) = job.lease {
+                    self.kv
+                        .delete(Cf::Timers, keys::timer(l.deadline_ms, TimerKind::Lease, job.id));
+                }
+            }
+            JobState::Dead => self.kv.delete(Cf::Dead, keys::dead(q, job.seq, job.id)),
+        }
+        self.count(q, job.state, -1)
+    }
+
+    /// Puts the job into the indexes of its state (taking a new place in line when it becomes
+    /// ready or dead), counts it, and stores the record.
+    fn index(&mut self, job: &mut Job) -> Result<(), KvError> {
+        if matches!(job.state, JobState::Ready | JobState::Dead) {
+            job.seq = self.next_seq()?;
+        }
+        self.index_keeping_seq(job)
+    }
+
+    fn index_keeping_seq(&mut self, job: &mut Job) -> Result<(), KvError> {
+        let q = job.queue.clone();
+        match job.state {
+            JobState::Delayed => {
+                self.kv.put(
+                    Cf::Timers,
+                    keys::timer(job.due_ms, TimerKind::Due, job.id),
+                    Vec::new(),
+                );
+                self.effects.timer_added(job.due_ms);
+                self.add_hist(&q, job.due_ms, 1)?;
+            }
+            JobState::Ready => {
+                self.kv.put(Cf::Ready, keys::ready(&q, job.priority, job.seq, job.id), Vec::new());
+                self.effects.ready_queues.insert(q.clone());
+            }
+            JobState::Reserved => {
+                if let Some(l) = job.lease {
+                    self.kv.put(
+                        Cf::Timers,
+                        keys::timer(l.deadline_ms, TimerKind::Lease, job.id),
+                        Vec::new(),
+                    );
+                    self.effects.timer_added(l.deadline_ms);
+                }
+            }
+            JobState::Dead => self.kv.put(Cf::Dead, keys::dead(&q, job.seq, job.id), Vec::new()),
+        }
+        self.count(&q, job.state, 1)?;
+        self.kv.put(Cf::Jobs, job.id.to_bytes().to_vec(), encode(&*job));
+        Ok(())
+    }
+
+    // ---- helpers ----
+
+    fn due_ms(&self, due: Due) -> u64 {
+        match due {
+            Due::After(delay) => self.now.saturating_add(delay),
+            Due::At(at) => at,
+        }
+    }
+
+    fn next_seq(&mut self) -> Result<u64, KvError> {
+        let seq = read_u64(self.kv, Cf::Meta, META_SEQ)?.unwrap_or(0) + 1;
+        self.kv.put(Cf::Meta, META_SEQ.to_vec(), seq.to_be_bytes().to_vec());
+        Ok(seq)
+    }
+
+    fn load(&self, id: JobId) -> Result<Option<Job>, KvError> {
+        self.kv.get(Cf::Jobs, &id.to_bytes())?.map(|v| decode(&v)).transpose()
+    }
+
+    /// The job, if it exists and belongs to `queue`: ids are only meaningful within their
+    /// queue, as in lmstfy's paths.
+    fn job_in(&self, queue: &QueueName, id: JobId) -> Result<Option<Job>, KvError> {
+        Ok(self.load(id)?.filter(|j| &j.queue == queue))
+    }
+
+    fn key_record(&self, queue: &QueueName, key: &str) -> Result<Option<KeyRecord>, KvError> {
+        self.kv.get(Cf::Keys, &keys::client_key(queue, key))?.map(|v| decode(&v)).transpose()
+    }
+
+    fn resolve(&self, queue: &QueueName, target: &Target) -> Result<Option<Job>, KvError> {
+        match target {
+            Target::Id(id) => self.job_in(queue, *id),
+            Target::Key(key) => match self.key_record(queue, key)? {
+                Some(KeyRecord { id, ended_ms: None }) => self.job_in(queue, id),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// The job, if it is reserved and `lease` (when given) is its current token.
+    fn leased(&self, queue: &QueueName, id: JobId, lease: Option<u64>) -> Result2<Job> {
+        let Some(job) = self.job_in(queue, id)? else {
+            return Ok(Err(if lease.is_some() {
+                Rejection::LeaseNotCurrent
+            } else {
+                Rejection::JobNotFound
+            }));
+        };
+        match (job.lease, lease) {
+            (Some(l), Some(given)) if l.token == given => Ok(Ok(job)),
+            (Some(_), None) => Ok(Ok(job)),
+            (_, Some(_)) => Ok(Err(Rejection::LeaseNotCurrent)),
+            (None, None) => {
+                Ok(Err(Rejection::WrongState(job.state.as_str().into(), "reserved".into())))
+            }
+        }
+    }
+
+    fn scan_ids(&self, cf: Cf, prefix: &[u8], limit: usize) -> Result<Vec<JobId>, KvError> {
+        let mut ids = Vec::new();
+        if limit == 0 {
+            return Ok(ids);
+        }
+        self.kv.scan(cf, prefix, &keys::prefix_end(prefix), &mut |k, _| {
+            if let Some(id) = keys::trailing_id(k) {
+                ids.push(id);
+            }
+            ids.len() < limit
+        })?;
+        Ok(ids)
+    }
+
+    fn meta(&self, queue: &QueueName) -> Result<QueueMeta, KvError> {
+        Ok(self
+            .kv
+            .get(Cf::Queues, &keys::queue(queue))?
+            .map(|v| decode(&v))
+            .transpose()?
+            .unwrap_or_default())
+    }
+
+    fn save_meta(&mut self, queue: &QueueName, meta: &QueueMeta) {
+        self.kv.put(Cf::Queues, keys::queue(queue), encode(meta));
+    }
+
+    fn count(&mut self, queue: &QueueName, state: JobState, delta: i64) -> Result<(), KvError> {
+        let mut meta = self.meta(queue)?;
+        let c = &mut meta.counts[state.index()];
+        *c = c.saturating_add_signed(delta);
+        self.save_meta(queue, &meta);
+        Ok(())
+    }
+
+    fn add_hist(&mut self, queue: &QueueName, due_ms: u64, delta: i64) -> Result<(), KvError> {
+        let key = keys::due_minute(queue, due_ms);
+        let n = read_u64(self.kv, Cf::DueHist, &key)?.unwrap_or(0).saturating_add_signed(delta);
+        if n == 0 {
+            self.kv.delete(Cf::DueHist, key);
+        } else {
+            self.kv.put(Cf::DueHist, key, n.to_be_bytes().to_vec());
+        }
+        Ok(())
+    }
+}

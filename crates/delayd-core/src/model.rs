@@ -1,0 +1,164 @@
+//! The job and the small value types around it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A job id: a 128-bit ULID chosen by the leader before the command enters the log, shown to
+/// clients as 26 Crockford base32 characters. Ids sort by creation time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobId(pub u128);
+
+impl JobId {
+    /// Big-endian bytes: the form used inside keys, so ids sort by time there too.
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+
+    /// Inverse of [`JobId::to_bytes`].
+    pub fn from_bytes(b: [u8; 16]) -> Self {
+        JobId(u128::from_be_bytes(b))
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", ulid::Ulid(self.0))
+    }
+}
+
+impl FromStr for JobId {
+    type Err = ulid::DecodeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(JobId(ulid::Ulid::from_string(s)?.0))
+    }
+}
+
+/// A queue, named by namespace and queue name (both `^[-_A-Za-z0-9]{1,255}$`, checked at the
+/// edge before anything reaches the log).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct QueueName {
+    /// Tenant.
+    pub namespace: String,
+    /// Queue within the namespace.
+    pub queue: String,
+}
+
+impl QueueName {
+    /// Builds a queue name.
+    pub fn new(namespace: impl Into<String>, queue: impl Into<String>) -> Self {
+        QueueName { namespace: namespace.into(), queue: queue.into() }
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.queue)
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Waiting for its due time.
+    Delayed,
+    /// Deliverable now.
+    Ready,
+    /// Handed to a consumer under a lease.
+    Reserved,
+    /// In the dead letter: out of tries or buried. Never expires.
+    Dead,
+}
+
+impl JobState {
+    /// Lower-case name, as shown by the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Delayed => "delayed",
+            JobState::Ready => "ready",
+            JobState::Reserved => "reserved",
+            JobState::Dead => "dead",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            JobState::Delayed => 0,
+            JobState::Ready => 1,
+            JobState::Reserved => 2,
+            JobState::Dead => 3,
+        }
+    }
+}
+
+/// The reservation a consumer holds on a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Token the consumer shows to ack, release, touch or bury; chosen by the leader.
+    pub token: u64,
+    /// When the reservation times out (unix ms).
+    pub deadline_ms: u64,
+    /// The time-to-run this reservation was taken with; touch extends by it.
+    pub ttr_ms: u64,
+}
+
+/// A job record, stored under its id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// Server-chosen id.
+    pub id: JobId,
+    /// The queue it belongs to.
+    pub queue: QueueName,
+    /// Optional client key, unique per queue while the job lives.
+    pub key: Option<String>,
+    /// Opaque payload.
+    pub body: Vec<u8>,
+    /// Client attributes (lmstfy `Job-Attr-*`).
+    pub attributes: BTreeMap<String, String>,
+    /// Current state.
+    pub state: JobState,
+    /// 0 is most urgent.
+    pub priority: u32,
+    /// Publish time (unix ms, replicated clock).
+    pub created_ms: u64,
+    /// When the job is (or was) due.
+    pub due_ms: u64,
+    /// When the job expires unless finished; `None` never. Not applied while dead.
+    pub expires_ms: Option<u64>,
+    /// Maximum deliveries.
+    pub tries: u16,
+    /// Deliveries so far.
+    pub attempts: u16,
+    /// Default time-to-run of a reservation.
+    pub ttr_ms: u64,
+    /// The reservation, when reserved.
+    pub lease: Option<Lease>,
+    /// Position in the ready or dead-letter order, when ready or dead.
+    pub seq: u64,
+}
+
+impl Job {
+    /// Deliveries left after the current one (lmstfy's `remain_tries`).
+    pub fn remain_tries(&self) -> u16 {
+        self.tries.saturating_sub(self.attempts)
+    }
+}
+
+/// Per-queue metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueMeta {
+    /// Reserve hands nothing out while paused; publishes are still accepted.
+    pub paused: bool,
+    /// Jobs per state: delayed, ready, reserved, dead.
+    pub counts: [u64; 4],
+}
+
+impl QueueMeta {
+    /// Jobs in `state`.
+    pub fn count(&self, state: JobState) -> u64 {
+        self.counts[state.index()]
+    }
+}

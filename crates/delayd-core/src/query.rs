@@ -1,0 +1,112 @@
+//! Read-only queries over a consistent view of the state machine.
+//!
+//! These never change state, so they run outside the log against a snapshot of the local
+//! replica (made linearizable by the caller when it needs to be).
+
+use crate::codec::decode;
+use crate::keys::{self, KeyRecord, META_CLOCK};
+use crate::kv::{Cf, KvError, KvRead};
+use crate::model::{Job, JobId, QueueMeta, QueueName};
+
+/// The job with this id, if it exists in `queue`.
+pub fn job(kv: &impl KvRead, queue: &QueueName, id: JobId) -> Result<Option<Job>, KvError> {
+    let job: Option<Job> = kv.get(Cf::Jobs, &id.to_bytes())?.map(|v| decode(&v)).transpose()?;
+    Ok(job.filter(|j| &j.queue == queue))
+}
+
+/// The live job holding a client key.
+pub fn job_by_key(kv: &impl KvRead, queue: &QueueName, key: &str) -> Result<Option<Job>, KvError> {
+    let rec: Option<KeyRecord> =
+        kv.get(Cf::Keys, &keys::client_key(queue, key))?.map(|v| decode(&v)).transpose()?;
+    match rec {
+        Some(KeyRecord { id, ended_ms: None }) => job(kv, queue, id),
+        _ => Ok(None),
+    }
+}
+
+/// Up to `limit` jobs from the head of a per-queue index (Ready or Dead), in order.
+fn head(kv: &impl KvRead, cf: Cf, queue: &QueueName, limit: usize) -> Result<Vec<Job>, KvError> {
+    let prefix = keys::queue(queue);
+    let mut ids = Vec::new();
+    if limit > 0 {
+        kv.scan(cf, &prefix, &keys::prefix_end(&prefix), &mut |k, _| {
+            ids.extend(keys::trailing_id(k));
+            ids.len() < limit
+        })?;
+    }
+    let mut jobs = Vec::with_capacity(ids.len());
+    for id in ids {
+        jobs.extend(job(kv, queue, id)?);
+    }
+    Ok(jobs)
+}
+
+/// The next job a reserve would hand out.
+pub fn peek_ready(kv: &impl KvRead, queue: &QueueName) -> Result<Option<Job>, KvError> {
+    Ok(head(kv, Cf::Ready, queue, 1)?.pop())
+}
+
+/// Up to `limit` dead jobs, oldest first.
+pub fn dead_letter(kv: &impl KvRead, queue: &QueueName, limit: usize) -> Result<Vec<Job>, KvError> {
+    head(kv, Cf::Dead, queue, limit)
+}
+
+/// The queue's metadata: pause flag and counts per state.
+pub fn queue_meta(kv: &impl KvRead, queue: &QueueName) -> Result<QueueMeta, KvError> {
+    Ok(kv
+        .get(Cf::Queues, &keys::queue(queue))?
+        .map(|v| decode(&v))
+        .transpose()?
+        .unwrap_or_default())
+}
+
+/// How many delayed jobs come due within each of `bounds_ms` from `now_ms` (cumulative
+/// buckets: the last element counts everything). Minute resolution: a job is counted in the
+/// first bucket its due minute's start falls in.
+pub fn due_histogram(
+    kv: &impl KvRead,
+    queue: &QueueName,
+    now_ms: u64,
+    bounds_ms: &[u64],
+) -> Result<Vec<u64>, KvError> {
+    let prefix = keys::queue(queue);
+    let mut counts = vec![0u64; bounds_ms.len() + 1];
+    let mut bad = false;
+    kv.scan(Cf::DueHist, &prefix, &keys::prefix_end(&prefix), &mut |k, v| {
+        let (Some(minute), Ok(n)) = (
+            k.get(prefix.len()..).and_then(|m| m.try_into().ok()).map(u64::from_be_bytes),
+            <[u8; 8]>::try_from(v).map(u64::from_be_bytes),
+        ) else {
+            bad = true;
+            return false;
+        };
+        let offset = (minute * 60_000).saturating_sub(now_ms);
+        let first = bounds_ms.iter().position(|b| offset <= *b).unwrap_or(bounds_ms.len());
+        for c in &mut counts[first..] {
+            *c += n;
+        }
+        true
+    })?;
+    if bad {
+        return Err(KvError("corrupt due histogram".into()));
+    }
+    Ok(counts)
+}
+
+/// The earliest pending deadline of any kind: when the timer pump must next run.
+pub fn next_deadline(kv: &impl KvRead) -> Result<Option<u64>, KvError> {
+    let mut next = None;
+    kv.scan(Cf::Timers, &[], &[], &mut |k, _| {
+        next = keys::parse_timer(k).map(|(d, _, _)| d);
+        false
+    })?;
+    Ok(next)
+}
+
+/// The replicated clock: the latest `now_ms` applied.
+pub fn clock(kv: &impl KvRead) -> Result<u64, KvError> {
+    Ok(kv
+        .get(Cf::Meta, META_CLOCK)?
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map_or(0, u64::from_be_bytes))
+}
