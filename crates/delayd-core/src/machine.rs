@@ -114,7 +114,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     Ok(job) => job,
                     Err(r) => return Ok(Err(r)),
                 };
-                self.to_dead(&mut job)?;
+                self.bury_job(&mut job)?;
                 Ok(Ok(Reply::Job(Box::new(job))))
             }
             Command::Update { queue, target, due, body, priority } => {
@@ -411,7 +411,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     && job.lease.is_some_and(|l| l.deadline_ms == deadline) =>
             {
                 if job.attempts >= job.tries {
-                    self.to_dead(&mut job)?;
+                    self.bury_job(&mut job)?;
                 } else {
                     self.unindex(&job)?;
                     job.lease = None;
@@ -427,7 +427,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
 
     // ---- transitions ----
 
-    fn to_dead(&mut self, job: &mut Job) -> Result<(), KvError> {
+    fn bury_job(&mut self, job: &mut Job) -> Result<(), KvError> {
         self.unindex(job)?;
         self.set_expiry(job, false); // a dead job never expires
         job.lease = None;
