@@ -1,0 +1,275 @@
+//! The RocksDB instance: column families, reserved keys, write options and the [`KvRead`]
+//! implementation the state machine and queries run on.
+
+use std::path::Path;
+
+use delayd_core::{codec, Cf, KvError, KvRead};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Options, ReadOptions,
+    SnapshotWithThreadMode, WriteOptions,
+};
+use serde::de::DeserializeOwned;
+
+use crate::error::StoreError;
+
+/// The RocksDB handle type. Spelled out (rather than `rocksdb::DB`) so that a feature switch
+/// elsewhere in the build cannot change how column-family handles are borrowed.
+pub(crate) type Db = rocksdb::DBWithThreadMode<rocksdb::SingleThreaded>;
+
+/// Raft log entries, keyed by log index as 8 big-endian bytes.
+pub(crate) const CF_LOG: &str = "raft_log";
+/// Raft metadata: vote, committed, last purged log id, snapshot bookkeeping.
+pub(crate) const CF_RAFT_META: &str = "raft_meta";
+
+/// Keys in [`CF_RAFT_META`].
+pub(crate) mod meta_key {
+    /// `Vote<NodeId>`.
+    pub(crate) const VOTE: &[u8] = b"vote";
+    /// `Option<LogId>`: the last committed log id openraft told us about.
+    pub(crate) const COMMITTED: &[u8] = b"committed";
+    /// `LogId`: the last purged log id.
+    pub(crate) const LAST_PURGED: &[u8] = b"last_purged";
+    /// `SnapshotRecord`: the current snapshot file and its meta.
+    pub(crate) const SNAPSHOT: &[u8] = b"snapshot";
+    /// `SnapshotRecord`: present while a snapshot install is incomplete.
+    pub(crate) const INSTALLING: &[u8] = b"installing";
+}
+
+/// Every key the store itself keeps in the state machine's [`Cf::Meta`] starts with this; the
+/// core must not write under it (apply rejects such writes).
+pub(crate) const SM_RESERVED_PREFIX: &[u8] = b"raft/";
+/// `Option<LogId>` in [`Cf::Meta`]: the last applied log id, written with the data it covers.
+pub(crate) const SM_LAST_APPLIED: &[u8] = b"raft/last_applied";
+/// `StoredMembership` in [`Cf::Meta`]: the last applied membership.
+pub(crate) const SM_MEMBERSHIP: &[u8] = b"raft/membership";
+
+/// Opens (creating if needed) the database at `path` with every column family.
+pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    opts.increase_parallelism(i32::try_from(cores).unwrap_or(2));
+    // The WAL is shared by every column family; a rarely written one (raft_meta) would pin old
+    // WAL files forever without this bound, which forces flushes of the column families
+    // holding them.
+    opts.set_max_total_wal_size(512 << 20);
+    opts.set_keep_log_file_num(10);
+    // Smooth out the IO of memtable flushes and compactions instead of bursty writeback that
+    // stalls the synced log appends.
+    opts.set_bytes_per_sync(1 << 20);
+
+    let mut sm_opts = Options::default();
+    sm_opts.set_compression_type(DBCompressionType::Lz4);
+
+    let mut cfs = vec![
+        ColumnFamilyDescriptor::new(CF_LOG, Options::default()),
+        ColumnFamilyDescriptor::new(CF_RAFT_META, Options::default()),
+    ];
+    cfs.extend(Cf::ALL.iter().map(|cf| ColumnFamilyDescriptor::new(cf.name(), sm_opts.clone())));
+    Ok(Db::open_cf_descriptors(&opts, path, cfs)?)
+}
+
+/// Looks up a column family handle by name.
+pub(crate) fn cf<'a>(db: &'a Db, name: &'static str) -> Result<&'a ColumnFamily, StoreError> {
+    db.cf_handle(name).ok_or(StoreError::MissingColumnFamily(name))
+}
+
+/// Write options for everything Raft relies on surviving a crash: the call returns only once
+/// the WAL (and with it every earlier write of any column family) is on disk.
+pub(crate) fn synced() -> WriteOptions {
+    let mut wo = WriteOptions::default();
+    wo.set_sync(true);
+    wo
+}
+
+/// Reads and decodes one value.
+pub(crate) fn get_decoded<T: DeserializeOwned>(
+    db: &Db,
+    cf_name: &'static str,
+    key: &[u8],
+) -> Result<Option<T>, StoreError> {
+    match db.get_pinned_cf(cf(db, cf_name)?, key)? {
+        Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+        None => Ok(None),
+    }
+}
+
+/// A log index as a key: big-endian, so that keys sort like indexes.
+pub(crate) fn log_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+/// A [`KvRead`] over the state machine's column families, reading either the live database
+/// or one RocksDB snapshot (a consistent point-in-time view).
+///
+/// The live form is what `apply` layers its overlay on: apply is the only writer, so its reads
+/// are consistent without a snapshot. The snapshot form is what queries and snapshot building
+/// use, since they run while apply keeps writing.
+pub struct ReadView<'a> {
+    db: &'a Db,
+    snapshot: Option<SnapshotWithThreadMode<'a, Db>>,
+}
+
+impl<'a> ReadView<'a> {
+    /// A view of the live database.
+    pub(crate) fn live(db: &'a Db) -> Self {
+        ReadView { db, snapshot: None }
+    }
+
+    /// A view of the database as it is now, unaffected by later writes.
+    pub(crate) fn snapshot(db: &'a Db) -> Self {
+        ReadView { db, snapshot: Some(db.snapshot()) }
+    }
+
+    /// The last log id applied to the state this view shows.
+    pub fn last_applied(&self) -> Result<Option<openraft::LogId<crate::NodeId>>, StoreError> {
+        match self.get(Cf::Meta, SM_LAST_APPLIED)? {
+            Some(bytes) => Ok(codec::decode(&bytes)?),
+            None => Ok(None),
+        }
+    }
+
+    fn read_options(&self) -> ReadOptions {
+        let mut ro = ReadOptions::default();
+        if let Some(snapshot) = &self.snapshot {
+            ro.set_snapshot(snapshot);
+        }
+        ro
+    }
+
+    /// Visits every entry of a column family in key order, including the store's reserved
+    /// keys, stopping early when `visit` returns `Ok(false)`.
+    pub(crate) fn for_each(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        let handle = crate::db::cf(self.db, cf.name())?;
+        let mut ro = self.read_options();
+        if !from.is_empty() {
+            ro.set_iterate_lower_bound(from);
+        }
+        if !to.is_empty() {
+            ro.set_iterate_upper_bound(to);
+        }
+        let mut it = self.db.raw_iterator_cf_opt(handle, ro);
+        it.seek_to_first();
+        while let Some((key, value)) = it.item() {
+            if !visit(key, value)? {
+                return Ok(());
+            }
+            it.next();
+        }
+        Ok(it.status()?)
+    }
+}
+
+fn kv_err(e: StoreError) -> KvError {
+    KvError(e.to_string())
+}
+
+impl KvRead for ReadView<'_> {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        let handle = crate::db::cf(self.db, cf.name()).map_err(kv_err)?;
+        let value = match &self.snapshot {
+            Some(snapshot) => snapshot.get_cf(handle, key),
+            None => self.db.get_cf(handle, key),
+        };
+        value.map_err(|e| kv_err(e.into()))
+    }
+
+    fn scan(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), KvError> {
+        self.for_each(cf, from, to, |k, v| Ok(visit(k, v))).map_err(kv_err)
+    }
+}
+
+/// How many times RocksDB has synced its WAL since the database was opened.
+#[cfg(test)]
+pub(crate) fn wal_syncs(db: &Db) -> u64 {
+    let stats = db.property_value("rocksdb.stats").expect("stats").expect("stats present");
+    let line = stats.lines().find(|l| l.starts_with("Cumulative WAL:")).expect("WAL line");
+    // "Cumulative WAL: 3 writes, 3 syncs, 1.00 writes per sync, written: ..."
+    let syncs = line.split(", ").nth(1).expect("syncs field");
+    syncs.trim_end_matches(" syncs").parse().expect("syncs count")
+}
+
+#[cfg(test)]
+mod tests {
+    use rocksdb::WriteBatch;
+
+    use super::*;
+
+    fn collect(view: &ReadView<'_>, cf: Cf, from: &[u8], to: &[u8]) -> Vec<Vec<u8>> {
+        let mut keys = Vec::new();
+        view.scan(cf, from, to, &mut |k, _| {
+            keys.push(k.to_vec());
+            true
+        })
+        .expect("scan");
+        keys
+    }
+
+    fn put(db: &Db, cf_: Cf, keys: &[&[u8]]) {
+        let mut batch = WriteBatch::default();
+        for k in keys {
+            batch.put_cf(cf(db, cf_.name()).expect("cf"), k, b"v");
+        }
+        db.write(batch).expect("write");
+    }
+
+    #[test]
+    fn scan_bounds_are_half_open_and_per_column_family() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = open(dir.path()).expect("open");
+        put(&db, Cf::Ready, &[b"", b"a", b"b", b"b\0", b"c", b"d\xff"]);
+        put(&db, Cf::Jobs, &[b"a", b"z"]);
+        put(&db, Cf::Timers, &[b"b"]);
+        let view = ReadView::live(&db);
+
+        let all = collect(&view, Cf::Ready, b"", b"");
+        assert_eq!(all, [&b""[..], b"a", b"b", b"b\0", b"c", b"d\xff"]);
+        assert_eq!(collect(&view, Cf::Ready, b"b", b"c"), [&b"b"[..], b"b\0"]);
+        assert_eq!(collect(&view, Cf::Ready, b"b\0", b""), [&b"b\0"[..], b"c", b"d\xff"]);
+        assert_eq!(collect(&view, Cf::Ready, b"", b"a"), [&b""[..]]);
+        assert!(collect(&view, Cf::Ready, b"e", b"").is_empty());
+        assert!(collect(&view, Cf::Ready, b"c", b"c").is_empty());
+        // Neighbouring column families never leak into a scan.
+        assert_eq!(collect(&view, Cf::Jobs, b"", b""), [&b"a"[..], b"z"]);
+        assert_eq!(collect(&view, Cf::Timers, b"", b""), [&b"b"[..]]);
+
+        let mut first_two = Vec::new();
+        view.scan(Cf::Ready, b"", b"", &mut |k, _| {
+            first_two.push(k.to_vec());
+            first_two.len() < 2
+        })
+        .expect("scan");
+        assert_eq!(first_two, [&b""[..], b"a"]);
+
+        assert_eq!(view.get(Cf::Ready, b"b\0").expect("get"), Some(b"v".to_vec()));
+        assert_eq!(view.get(Cf::Jobs, b"b").expect("get"), None);
+    }
+
+    #[test]
+    fn snapshot_view_ignores_later_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = open(dir.path()).expect("open");
+        put(&db, Cf::Jobs, &[b"a"]);
+        let view = ReadView::snapshot(&db);
+        put(&db, Cf::Jobs, &[b"b"]);
+        db.delete_cf(cf(&db, Cf::Jobs.name()).expect("cf"), b"a").expect("delete");
+
+        assert_eq!(collect(&view, Cf::Jobs, b"", b""), [&b"a"[..]]);
+        assert_eq!(view.get(Cf::Jobs, b"a").expect("get"), Some(b"v".to_vec()));
+        assert_eq!(view.get(Cf::Jobs, b"b").expect("get"), None);
+        assert_eq!(collect(&ReadView::live(&db), Cf::Jobs, b"", b""), [&b"b"[..]]);
+    }
+}

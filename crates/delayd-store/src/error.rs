@@ -1,0 +1,89 @@
+//! The store's error type and its mapping onto openraft's.
+
+use delayd_core::KvError;
+use openraft::{StorageError, StorageIOError};
+
+use crate::NodeId;
+
+/// Everything that can go wrong below the state machine.
+///
+/// Apart from [`StoreError::Installing`] (a transient refusal to build a read view), every
+/// variant means the node's storage cannot be trusted: handed to openraft it stops the node.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// RocksDB reported an error.
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// A file operation (snapshots) failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the store was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored bytes that cannot be decoded, or a snapshot file that fails its checks.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+    /// A column family the store opened is missing from the handle.
+    #[error("column family {0} is missing")]
+    MissingColumnFamily(&'static str),
+    /// The state machine failed to read or write its data.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// A snapshot is being installed: the state is incomplete until it finishes. Retry later
+    /// (or on another node).
+    #[error("a snapshot is being installed; the state machine is not readable right now")]
+    Installing,
+    /// A blocking storage task panicked or was cancelled.
+    #[error("storage task failed: {0}")]
+    Task(String),
+}
+
+impl StoreError {
+    /// Wraps an IO error with what the store was doing.
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        StoreError::Io { context: context.into(), source }
+    }
+}
+
+/// Builds an openraft [`StorageError`] out of a [`StoreError`], naming what failed.
+pub(crate) fn storage_err(
+    kind: fn(&StoreError) -> StorageIOError<NodeId>,
+) -> impl FnOnce(StoreError) -> StorageError<NodeId> {
+    move |e| StorageError::IO { source: kind(&e) }
+}
+
+/// Shorthands for the subjects openraft distinguishes.
+pub(crate) mod subject {
+    use openraft::StorageIOError;
+
+    use super::StoreError;
+    use crate::NodeId;
+
+    pub(crate) fn read_logs(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::read_logs(e)
+    }
+    pub(crate) fn write_logs(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::write_logs(e)
+    }
+    pub(crate) fn read_vote(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::read_vote(e)
+    }
+    pub(crate) fn write_vote(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::write_vote(e)
+    }
+    pub(crate) fn read_sm(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::read_state_machine(e)
+    }
+    pub(crate) fn write_sm(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::write_state_machine(e)
+    }
+    pub(crate) fn read_snapshot(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::read_snapshot(None, e)
+    }
+    pub(crate) fn write_snapshot(e: &StoreError) -> StorageIOError<NodeId> {
+        StorageIOError::write_snapshot(None, e)
+    }
+}

@@ -1,0 +1,133 @@
+//! # delayd-store: the Raft log and the state machine, in one RocksDB
+//!
+//! This crate is the only place that knows about RocksDB. It gives openraft the two storage
+//! halves of its storage-v2 API — [`LogStore`] (log, vote, commit index) and
+//! [`StateMachineStore`] (the replicated job state and its snapshots) — and gives the service a
+//! [`StateReader`] for queries. It holds no business rules: what a log entry *means* is
+//! `delayd_core::apply`'s business; this crate decides only where the bytes go and when they
+//! are durable.
+//!
+//! ## Layout
+//!
+//! `<data_dir>/db` is one RocksDB with these column families:
+//!
+//! | column family | key | value |
+//! |---|---|---|
+//! | `raft_log` | log index, u64 big-endian | `openraft::Entry` |
+//! | `raft_meta` | `vote`, `committed`, `last_purged`, `snapshot`, `installing` | see `db.rs` |
+//! | `sm_*` (every [`delayd_core::Cf`]) | the core's key layouts | the core's values |
+//!
+//! The store keeps two keys of its own in [`Cf::Meta`](delayd_core::Cf::Meta), under the
+//! reserved prefix `raft/`: `raft/last_applied` and `raft/membership`. They live beside the
+//! data they describe so that one write batch covers both. Values are encoded with
+//! `delayd_core::codec` (a version byte, then postcard).
+//!
+//! `<data_dir>/snapshots/` holds snapshot files (`<n>.snap`, format in `snapshot.rs`) and
+//! temporary files (`<n>.tmp`) that are removed at start-up.
+//!
+//! ## Durability rules
+//!
+//! - `save_vote`, `append`, `truncate` and `purge` are synced writes: they return (and
+//!   `append` reports `log_io_completed`) only once RocksDB's WAL is fsynced. Openraft counts
+//!   an appended entry towards a quorum on the strength of that report.
+//! - `save_committed` and `apply` are not synced. Both are recoverable: a lost commit index is
+//!   learned again, and `apply` writes the state changes *and* `raft/last_applied` in one
+//!   atomic batch, so a crash loses both together and openraft re-applies from the (synced)
+//!   log. Because all column families share one sequential WAL, any later synced write (the
+//!   next append) also makes every earlier apply durable; in particular `purge`, which is
+//!   synced, never lets the log lose entries that the state machine has not durably applied.
+//! - Snapshot files are written to a temporary name, fsynced, renamed and the directory
+//!   fsynced; only then does the synced pointer in `raft_meta` name them. The current
+//!   snapshot is never replaced by an older one.
+//! - Installing a snapshot first verifies the whole file (checksum, structure), then in one
+//!   synced batch sets the `installing` marker and clears the state-machine column families,
+//!   loads the records in bounded batches, and finishes with one synced batch that writes
+//!   `raft/last_applied`, `raft/membership` and the snapshot pointer and removes the marker.
+//!   [`Store::open`] finishes an install the marker says was interrupted.
+//!
+//! ## Concurrency
+//!
+//! Openraft calls `apply` and `install_snapshot` one at a time, but builds snapshots
+//! concurrently with both. A snapshot build reads data, last applied and membership from one
+//! RocksDB snapshot, so it is consistent whatever apply does meanwhile; it waits for a running
+//! install to finish before taking that snapshot. Every RocksDB and file operation runs on
+//! tokio's blocking pool, never on the async workers.
+//!
+//! ## Start-up
+//!
+//! Openraft 0.9 does not restore a state machine from its snapshot: it asks for
+//! `applied_state()` and replays the log from there. The state machine here is persistent, so
+//! there is nothing to restore; `applied_state()` reads what the last apply (or install) wrote.
+//!
+//! ## Caveats
+//!
+//! - While a snapshot is installed (a follower far behind), [`StateReader::read_view`] fails
+//!   with [`StoreError::Installing`] rather than show a half-loaded state.
+//! - The apply listener is not called for installs: a snapshot replaces everything.
+//! - Opening the store can take as long as a snapshot install when one was interrupted.
+
+mod db;
+mod error;
+mod log;
+mod snapshot;
+mod state;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use db::ReadView;
+pub use error::StoreError;
+pub use log::LogStore;
+pub use state::{ApplyListener, SnapshotBuilder, StateMachineStore, StateReader};
+
+/// A node's id in the cluster.
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration of delayd: log entries carry a [`delayd_core::Entry`]
+    /// (a batch of commands), responses are one [`delayd_core::Outcome`] per command, and
+    /// snapshots are files.
+    pub TypeConfig:
+        D = delayd_core::Entry,
+        R = Vec<delayd_core::Outcome>,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = tokio::fs::File,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// A delayd Raft node.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// One entry of delayd's Raft log.
+pub type LogEntry = openraft::Entry<TypeConfig>;
+
+/// Opens the store.
+pub struct Store;
+
+impl Store {
+    /// Opens (creating if needed) the store in `data_dir`, finishing an interrupted snapshot
+    /// install if there is one, and returns its two halves for `Raft::new`.
+    ///
+    /// Blocks: call it before starting the node, or from `spawn_blocking`. The database stays
+    /// open until both halves and every handle derived from them are dropped.
+    pub fn open(data_dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
+        let db_dir = data_dir.join("db");
+        std::fs::create_dir_all(&db_dir)
+            .map_err(|e| StoreError::io(format!("create {}", db_dir.display()), e))?;
+        let db = Arc::new(db::open(&db_dir)?);
+        let snapshots = snapshot::SnapshotDir::open(data_dir.join("snapshots"))?;
+        let state = StateMachineStore::open(db.clone(), snapshots)?;
+        Ok((LogStore::new(db), state))
+    }
+}
+
+/// Runs blocking storage work on tokio's blocking pool.
+async fn blocking<T, F>(f: F) -> Result<T, StoreError>
+where
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Task(e.to_string()))?
+}

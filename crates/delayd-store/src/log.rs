@@ -1,0 +1,294 @@
+//! The Raft log and vote: [`LogStore`].
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use delayd_core::codec;
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{LogId, OptionalSend, RaftLogId, StorageError, Vote};
+use rocksdb::{ReadOptions, WriteBatch};
+
+use crate::db::{self, log_key, meta_key, Db, CF_LOG, CF_RAFT_META};
+use crate::error::{storage_err, subject, StoreError};
+use crate::{blocking, LogEntry, NodeId, TypeConfig};
+
+/// The Raft log, vote and commit index, in the `raft_log` and `raft_meta` column families.
+///
+/// Cloning is cheap (one `Arc`); the clone handed out by `get_log_reader` reads the same
+/// database. Every write openraft relies on after a crash is a synced RocksDB write.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Db>,
+}
+
+impl LogStore {
+    pub(crate) fn new(db: Arc<Db>) -> Self {
+        LogStore { db }
+    }
+}
+
+/// Entries with `start <= index < end` (`end` `None`: to the end of the log).
+fn read_entries(db: &Db, start: u64, end: Option<u64>) -> Result<Vec<LogEntry>, StoreError> {
+    if end.is_some_and(|end| end <= start) {
+        return Ok(Vec::new());
+    }
+    let mut ro = ReadOptions::default();
+    ro.set_iterate_lower_bound(log_key(start));
+    if let Some(end) = end {
+        ro.set_iterate_upper_bound(log_key(end));
+    }
+    let mut it = db.raw_iterator_cf_opt(db::cf(db, CF_LOG)?, ro);
+    it.seek_to_first();
+    let mut entries = Vec::new();
+    while let Some(value) = it.value() {
+        entries.push(codec::decode(value)?);
+        it.next();
+    }
+    it.status()?;
+    Ok(entries)
+}
+
+fn last_entry(db: &Db) -> Result<Option<LogEntry>, StoreError> {
+    let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
+    it.seek_to_last();
+    match it.value() {
+        Some(value) => Ok(Some(codec::decode(value)?)),
+        None => {
+            it.status()?;
+            Ok(None)
+        }
+    }
+}
+
+fn log_state(db: &Db) -> Result<LogState<TypeConfig>, StoreError> {
+    let last_purged_log_id: Option<LogId<NodeId>> =
+        db::get_decoded(db, CF_RAFT_META, meta_key::LAST_PURGED)?;
+    let last_log_id = match last_entry(db)? {
+        Some(entry) => Some(entry.log_id),
+        None => last_purged_log_id,
+    };
+    Ok(LogState { last_purged_log_id, last_log_id })
+}
+
+fn put_meta_synced(db: &Db, key: &[u8], value: Vec<u8>) -> Result<(), StoreError> {
+    let mut batch = WriteBatch::default();
+    batch.put_cf(db::cf(db, CF_RAFT_META)?, key, value);
+    Ok(db.write_opt(batch, &db::synced())?)
+}
+
+fn append_entries(db: &Db, entries: &[LogEntry]) -> Result<(), StoreError> {
+    let cf = db::cf(db, CF_LOG)?;
+    let mut batch = WriteBatch::default();
+    for entry in entries {
+        batch.put_cf(cf, log_key(entry.get_log_id().index), codec::encode(entry));
+    }
+    Ok(db.write_opt(batch, &db::synced())?)
+}
+
+/// Deletes every entry at or after `index`.
+fn truncate_from(db: &Db, index: u64) -> Result<(), StoreError> {
+    let cf = db::cf(db, CF_LOG)?;
+    let mut batch = WriteBatch::default();
+    batch.delete_range_cf(cf, log_key(index), log_key(u64::MAX));
+    batch.delete_cf(cf, log_key(u64::MAX));
+    Ok(db.write_opt(batch, &db::synced())?)
+}
+
+/// Deletes every entry up to and including `upto`, recording it as the last purged id in the
+/// same batch so that `get_log_state` never sees one without the other.
+fn purge_upto(db: &Db, upto: LogId<NodeId>) -> Result<(), StoreError> {
+    let mut batch = WriteBatch::default();
+    batch.put_cf(db::cf(db, CF_RAFT_META)?, meta_key::LAST_PURGED, codec::encode(&upto));
+    let log = db::cf(db, CF_LOG)?;
+    batch.delete_range_cf(log, log_key(0), log_key(upto.index));
+    batch.delete_cf(log, log_key(upto.index));
+    Ok(db.write_opt(batch, &db::synced())?)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<LogEntry>, StorageError<NodeId>> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => match i.checked_add(1) {
+                Some(i) => i,
+                None => return Ok(Vec::new()),
+            },
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.checked_add(1),
+            Bound::Excluded(&i) => Some(i),
+            Bound::Unbounded => None,
+        };
+        let db = self.db.clone();
+        blocking(move || read_entries(&db, start, end))
+            .await
+            .map_err(storage_err(subject::read_logs))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let db = self.db.clone();
+        blocking(move || log_state(&db)).await.map_err(storage_err(subject::read_logs))
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let db = self.db.clone();
+        let value = codec::encode(vote);
+        blocking(move || put_meta_synced(&db, meta_key::VOTE, value))
+            .await
+            .map_err(storage_err(subject::write_vote))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        let db = self.db.clone();
+        blocking(move || db::get_decoded(&db, CF_RAFT_META, meta_key::VOTE))
+            .await
+            .map_err(storage_err(subject::read_vote))
+    }
+
+    /// Not synced: losing the latest commit index in a crash only means re-learning it from
+    /// the leader; it rides along with the next synced append anyway.
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let db = self.db.clone();
+        blocking(move || {
+            let cf = db::cf(&db, CF_RAFT_META)?;
+            Ok(db.put_cf(cf, meta_key::COMMITTED, codec::encode(&committed))?)
+        })
+        .await
+        .map_err(storage_err(subject::write_logs))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        let db = self.db.clone();
+        blocking(move || {
+            let committed: Option<Option<LogId<NodeId>>> =
+                db::get_decoded(&db, CF_RAFT_META, meta_key::COMMITTED)?;
+            Ok(committed.flatten())
+        })
+        .await
+        .map_err(storage_err(subject::read_logs))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = LogEntry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<LogEntry> = entries.into_iter().collect();
+        let db = self.db.clone();
+        blocking(move || append_entries(&db, &entries))
+            .await
+            .map_err(storage_err(subject::write_logs))?;
+        // Only now is the batch on disk: openraft may count it towards a quorum.
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let db = self.db.clone();
+        blocking(move || truncate_from(&db, log_id.index))
+            .await
+            .map_err(storage_err(subject::write_logs))
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let db = self.db.clone();
+        blocking(move || purge_upto(&db, log_id)).await.map_err(storage_err(subject::write_logs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::storage::RaftLogStorageExt;
+    use openraft::testing::{blank_ent, log_id};
+
+    use super::*;
+    use crate::Store;
+
+    fn open(dir: &std::path::Path) -> LogStore {
+        Store::open(dir).expect("open").0
+    }
+
+    async fn indexes(log: &mut LogStore) -> Vec<u64> {
+        let entries = log.try_get_log_entries(..).await.expect("read");
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    #[tokio::test]
+    async fn raft_writes_are_fsynced_and_survive_reopening() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut log = open(dir.path());
+        let db = log.db.clone();
+        let syncs = || db::wal_syncs(&db);
+
+        let before = syncs();
+        log.blocking_append((1..=6).map(|i| blank_ent::<TypeConfig>(1, 0, i)))
+            .await
+            .expect("append");
+        assert_eq!(syncs(), before + 1, "append");
+        log.save_vote(&Vote::new(2, 7)).await.expect("vote");
+        assert_eq!(syncs(), before + 2, "save_vote");
+        log.truncate(log_id(1, 0, 5)).await.expect("truncate");
+        assert_eq!(syncs(), before + 3, "truncate");
+        log.purge(log_id(1, 0, 2)).await.expect("purge");
+        assert_eq!(syncs(), before + 4, "purge");
+        log.save_committed(Some(log_id(1, 0, 3))).await.expect("committed");
+        assert_eq!(syncs(), before + 4, "save_committed rides on the next synced write");
+        drop((log, db));
+
+        let mut log = open(dir.path());
+        assert_eq!(indexes(&mut log).await, [3, 4]);
+        assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(2, 7)));
+        assert_eq!(log.read_committed().await.expect("committed"), Some(log_id(1, 0, 3)));
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 0, 2)));
+        assert_eq!(state.last_log_id, Some(log_id(1, 0, 4)));
+    }
+
+    #[tokio::test]
+    async fn range_reads_honour_every_bound_kind() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut log = open(dir.path());
+        log.blocking_append((0..10).map(|i| blank_ent::<TypeConfig>(1, 0, i)))
+            .await
+            .expect("append");
+        let read = |r: (Bound<u64>, Bound<u64>)| {
+            let mut log = log.clone();
+            async move {
+                let entries = log.try_get_log_entries(r).await.expect("read");
+                entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(read((Bound::Included(3), Bound::Excluded(5))).await, [3, 4]);
+        assert_eq!(read((Bound::Excluded(3), Bound::Included(5))).await, [4, 5]);
+        assert_eq!(read((Bound::Unbounded, Bound::Excluded(2))).await, [0, 1]);
+        assert_eq!(read((Bound::Included(8), Bound::Unbounded)).await, [8, 9]);
+        assert!(read((Bound::Included(5), Bound::Excluded(5))).await.is_empty());
+        assert!(read((Bound::Excluded(u64::MAX), Bound::Unbounded)).await.is_empty());
+        assert_eq!(read((Bound::Included(9), Bound::Included(u64::MAX))).await, [9]);
+        // The purged-only log still reports where it ends.
+        log.purge(log_id(1, 0, 9)).await.expect("purge");
+        assert!(indexes(&mut log).await.is_empty());
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_log_id, Some(log_id(1, 0, 9)));
+    }
+}

@@ -1,0 +1,767 @@
+//! The replicated state machine: [`StateMachineStore`], its snapshots, and read access for
+//! queries ([`StateReader`]).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, TryLockError};
+
+use delayd_core::{codec, Cf, Effects, KvRead, Outcome, Overlay};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    BasicNode, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, StorageError,
+    StoredMembership,
+};
+use rocksdb::WriteBatch;
+use tokio::io::AsyncWriteExt;
+
+use crate::db::{
+    self, meta_key, Db, ReadView, CF_RAFT_META, SM_LAST_APPLIED, SM_MEMBERSHIP, SM_RESERVED_PREFIX,
+};
+use crate::error::{storage_err, subject, StoreError};
+use crate::snapshot::{self, Meta, SnapshotDir, SnapshotReader, SnapshotRecord};
+use crate::{blocking, LogEntry, NodeId, TypeConfig};
+
+/// Called after every applied batch with what the batch means for waiters and timers; see
+/// [`StateMachineStore::set_listener`].
+pub type ApplyListener = Arc<dyn Fn(&Effects) + Send + Sync>;
+
+/// What `applied_state` reports: the last applied log id and membership.
+type AppliedState = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
+
+/// Installing a snapshot writes in batches of at most this many records...
+const INSTALL_BATCH_RECORDS: usize = 10_000;
+/// ...or this many bytes, whichever comes first.
+const INSTALL_BATCH_BYTES: usize = 32 << 20;
+
+/// What the state machine, its snapshot builder and its readers share.
+struct Shared {
+    db: Arc<Db>,
+    dir: SnapshotDir,
+    /// The current snapshot; its lock also orders changes of the on-disk pointer to it.
+    current: Mutex<Option<SnapshotRecord>>,
+    /// Held exclusively for a whole snapshot install, when the state is incomplete; taken
+    /// shared to create a consistent view.
+    install_gate: RwLock<()>,
+    /// Number of the next snapshot or temporary file.
+    next_file: AtomicU64,
+    /// Temporary files handed out by `begin_receiving_snapshot` and not yet installed.
+    receiving: Mutex<Vec<std::path::PathBuf>>,
+    listener: RwLock<Option<ApplyListener>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves its data consistent, so a panic elsewhere does not make
+    // the data unusable.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn ctx_io(what: &'static str) -> impl Fn(io::Error) -> StoreError {
+    move |e| StoreError::io(what, e)
+}
+
+impl Shared {
+    fn open(db: Arc<Db>, dir: SnapshotDir) -> Result<Self, StoreError> {
+        let mut current: Option<SnapshotRecord> =
+            db::get_decoded(&db, CF_RAFT_META, meta_key::SNAPSHOT)?;
+        if let Some(record) = &current {
+            if !dir.path(&record.file).exists() {
+                // The state machine is complete without it; openraft builds a new one when
+                // it needs to.
+                tracing::warn!(file = %record.file, "current snapshot file is missing");
+                current = None;
+            }
+        }
+        let shared = Shared {
+            next_file: AtomicU64::new(dir.next_number()?),
+            db,
+            dir,
+            current: Mutex::new(current),
+            install_gate: RwLock::new(()),
+            receiving: Mutex::new(Vec::new()),
+            listener: RwLock::new(None),
+        };
+        let unfinished: Option<SnapshotRecord> =
+            db::get_decoded(&shared.db, CF_RAFT_META, meta_key::INSTALLING)?;
+        if let Some(record) = unfinished {
+            tracing::warn!(file = %record.file, "finishing an interrupted snapshot install");
+            shared.load(&record)?;
+        }
+        let keep = lock(&shared.current).as_ref().map(|r| r.file.clone());
+        shared.dir.remove_all_but(keep.as_deref())?;
+        Ok(shared)
+    }
+
+    fn next_file(&self) -> u64 {
+        self.next_file.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A consistent view, refused while an install has the state half-written.
+    fn try_view(&self) -> Result<ReadView<'_>, StoreError> {
+        let _gate = match self.install_gate.try_read() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => return Err(StoreError::Installing),
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        };
+        Ok(ReadView::snapshot(&self.db))
+    }
+
+    /// A consistent view, waiting for an install to finish.
+    fn view(&self) -> ReadView<'_> {
+        let _gate = self.install_gate.read().unwrap_or_else(PoisonError::into_inner);
+        ReadView::snapshot(&self.db)
+    }
+
+    fn applied_state(&self) -> Result<AppliedState, StoreError> {
+        let last_applied: Option<Option<LogId<NodeId>>> =
+            db::get_decoded(&self.db, Cf::Meta.name(), SM_LAST_APPLIED)?;
+        let membership = db::get_decoded(&self.db, Cf::Meta.name(), SM_MEMBERSHIP)?;
+        Ok((last_applied.flatten(), membership.unwrap_or_default()))
+    }
+
+    /// Applies a batch of entries as one atomic write; see the crate docs.
+    fn apply(&self, entries: &[LogEntry]) -> Result<(Vec<Vec<Outcome>>, Effects), StoreError> {
+        let live = ReadView::live(&self.db);
+        let mut overlay = Overlay::new(&live);
+        let mut replies = Vec::with_capacity(entries.len());
+        let mut effects = Effects::default();
+        let mut last_applied = None;
+        let mut membership = None;
+        for entry in entries {
+            last_applied = Some(entry.log_id);
+            match &entry.payload {
+                EntryPayload::Blank => replies.push(Vec::new()),
+                EntryPayload::Normal(data) => {
+                    let mut entry_effects = Effects::default();
+                    replies.push(delayd_core::apply(&mut overlay, data, &mut entry_effects)?);
+                    merge(&mut effects, entry_effects);
+                }
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(entry.log_id), m.clone()));
+                    replies.push(Vec::new());
+                }
+            }
+        }
+
+        let mut batch = WriteBatch::default();
+        for (cf, key, value) in overlay.into_writes() {
+            if cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX) {
+                return Err(StoreError::Corrupt(format!(
+                    "the state machine wrote the store's reserved key {}",
+                    String::from_utf8_lossy(&key)
+                )));
+            }
+            let handle = db::cf(&self.db, cf.name())?;
+            match value {
+                Some(value) => batch.put_cf(handle, key, value),
+                None => batch.delete_cf(handle, key),
+            }
+        }
+        let meta = db::cf(&self.db, Cf::Meta.name())?;
+        batch.put_cf(meta, SM_LAST_APPLIED, codec::encode(&last_applied));
+        if let Some(membership) = &membership {
+            batch.put_cf(meta, SM_MEMBERSHIP, codec::encode(membership));
+        }
+        // Not synced: the log below it is, and a crash that loses this write also loses
+        // `last_applied` with it, so openraft re-applies the same entries.
+        self.db.write(batch)?;
+        Ok((replies, effects))
+    }
+
+    /// Builds a snapshot from one consistent view; returns its meta and the open file.
+    fn build(&self) -> Result<(Meta, File), StoreError> {
+        let view = self.view();
+        let (last_log_id, last_membership) = {
+            let last_applied: Option<Option<LogId<NodeId>>> = decode_opt(&view, SM_LAST_APPLIED)?;
+            let membership: Option<StoredMembership<NodeId, BasicNode>> =
+                decode_opt(&view, SM_MEMBERSHIP)?;
+            (last_applied.flatten(), membership.unwrap_or_default())
+        };
+        let n = self.next_file();
+        let snapshot_id = match &last_log_id {
+            Some(id) => format!("{id}-{n}"),
+            None => format!("none-{n}"),
+        };
+        let meta = Meta { last_log_id, last_membership, snapshot_id };
+        let name = self.dir.write(n, &meta, &view)?;
+        drop(view);
+        // Open before promoting: if a newer snapshot wins, this file is removed, but the open
+        // handle still reads it.
+        let file = File::open(self.dir.path(&name)).map_err(ctx_io("open built snapshot"))?;
+        self.promote(SnapshotRecord { file: name, meta: meta.clone() })?;
+        Ok((meta, file))
+    }
+
+    /// Makes `record` the current snapshot unless the current one is newer, and removes the
+    /// file that lost.
+    fn promote(&self, record: SnapshotRecord) -> Result<(), StoreError> {
+        let mut current = lock(&self.current);
+        let loser = if is_newer(&record, current.as_ref()) {
+            let mut batch = WriteBatch::default();
+            batch.put_cf(
+                db::cf(&self.db, CF_RAFT_META)?,
+                meta_key::SNAPSHOT,
+                codec::encode(&record),
+            );
+            self.db.write_opt(batch, &db::synced())?;
+            current.replace(record)
+        } else {
+            Some(record)
+        };
+        drop(current);
+        self.remove_loser(loser)
+    }
+
+    fn remove_loser(&self, loser: Option<SnapshotRecord>) -> Result<(), StoreError> {
+        let Some(loser) = loser else { return Ok(()) };
+        if lock(&self.current).as_ref().is_some_and(|c| c.file == loser.file) {
+            return Ok(());
+        }
+        snapshot::remove_if_exists(&self.dir.path(&loser.file))
+    }
+
+    fn current_snapshot(&self) -> Result<Option<(Meta, File)>, StoreError> {
+        let current = lock(&self.current);
+        let Some(record) = current.as_ref() else {
+            return Ok(None);
+        };
+        let file =
+            File::open(self.dir.path(&record.file)).map_err(ctx_io("open current snapshot"))?;
+        Ok(Some((record.meta.clone(), file)))
+    }
+
+    fn begin_receiving(&self) -> Result<File, StoreError> {
+        let path = self.dir.tmp_path(self.next_file());
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(ctx_io("create snapshot receive file"))?;
+        lock(&self.receiving).push(path);
+        Ok(file)
+    }
+
+    /// Installs a received snapshot: keeps the file (without copying it when it is the one
+    /// `begin_receiving` handed out), verifies it completely, then replaces the state.
+    fn install(&self, mut received: File, meta: &Meta) -> Result<(), StoreError> {
+        let n = self.next_file();
+        let name = SnapshotDir::snap_name(n);
+        let pending = std::mem::take(&mut *lock(&self.receiving));
+        let ours = pending.iter().position(|p| snapshot::is_same_file(&received, p));
+        match ours {
+            Some(i) => {
+                received.sync_all().map_err(ctx_io("sync received snapshot"))?;
+                self.dir.rename(&pending[i], &name)?;
+            }
+            None => {
+                let tmp = self.dir.tmp_path(n);
+                let mut copy = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)
+                    .map_err(ctx_io("create snapshot copy"))?;
+                received.rewind().map_err(ctx_io("rewind received snapshot"))?;
+                io::copy(&mut received, &mut copy).map_err(ctx_io("copy received snapshot"))?;
+                copy.sync_all().map_err(ctx_io("sync snapshot copy"))?;
+                self.dir.rename(&tmp, &name)?;
+            }
+        }
+        for (i, path) in pending.iter().enumerate() {
+            if Some(i) != ours {
+                snapshot::remove_if_exists(path)?;
+            }
+        }
+
+        let path = self.dir.path(&name);
+        let checked = snapshot::verify(&path).and_then(|file_meta| {
+            if file_meta.last_log_id == meta.last_log_id
+                && file_meta.last_membership == meta.last_membership
+            {
+                Ok(())
+            } else {
+                Err(StoreError::Corrupt(format!(
+                    "snapshot file holds {file_meta}, expected {meta}"
+                )))
+            }
+        });
+        if let Err(e) = checked {
+            snapshot::remove_if_exists(&path)?;
+            return Err(e);
+        }
+        self.load(&SnapshotRecord { file: name, meta: meta.clone() })
+    }
+
+    /// Replaces the state machine with a verified snapshot file. Crash-safe: the first synced
+    /// batch records `INSTALLING` (and clears the state); the last one sets last applied and
+    /// membership and removes the marker. A restart in between calls this again.
+    fn load(&self, record: &SnapshotRecord) -> Result<(), StoreError> {
+        let _gate = self.install_gate.write().unwrap_or_else(PoisonError::into_inner);
+        let db = &*self.db;
+        let path = self.dir.path(&record.file);
+        let file = File::open(&path).map_err(ctx_io("open snapshot to install"))?;
+        let (_, mut reader) = SnapshotReader::new(file)?;
+
+        let mut batch = WriteBatch::default();
+        batch.put_cf(db::cf(db, CF_RAFT_META)?, meta_key::INSTALLING, codec::encode(record));
+        for cf in Cf::ALL {
+            clear(db, cf, &mut batch)?;
+        }
+        db.write_opt(batch, &db::synced())?;
+
+        let mut batch = WriteBatch::default();
+        while let Some((cf, key, value)) = reader.next_record()? {
+            if cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX) {
+                continue;
+            }
+            batch.put_cf(db::cf(db, cf.name())?, key, value);
+            if batch.len() >= INSTALL_BATCH_RECORDS || batch.size_in_bytes() >= INSTALL_BATCH_BYTES
+            {
+                db.write(std::mem::take(&mut batch))?;
+            }
+        }
+
+        let meta_cf = db::cf(db, Cf::Meta.name())?;
+        batch.put_cf(meta_cf, SM_LAST_APPLIED, codec::encode(&record.meta.last_log_id));
+        batch.put_cf(meta_cf, SM_MEMBERSHIP, codec::encode(&record.meta.last_membership));
+        let raft_meta = db::cf(db, CF_RAFT_META)?;
+        batch.delete_cf(raft_meta, meta_key::INSTALLING);
+        let mut current = lock(&self.current);
+        let newer = is_newer(record, current.as_ref());
+        if newer {
+            batch.put_cf(raft_meta, meta_key::SNAPSHOT, codec::encode(record));
+        }
+        // Synced, and the WAL is sequential: every batch above is durable with this one.
+        db.write_opt(batch, &db::synced())?;
+        let loser = if newer { current.replace(record.clone()) } else { Some(record.clone()) };
+        drop(current);
+        self.remove_loser(loser)
+    }
+}
+
+/// Queues `cf`'s whole key range for deletion: two range tombstones, whatever its size.
+fn clear(db: &Db, cf: Cf, batch: &mut WriteBatch) -> Result<(), StoreError> {
+    let handle = db::cf(db, cf.name())?;
+    let mut it = db.raw_iterator_cf(handle);
+    it.seek_to_last();
+    let last = it.key().map(<[u8]>::to_vec);
+    it.status()?;
+    if let Some(last) = last {
+        batch.delete_range_cf(handle, &[][..], last.as_slice());
+        batch.delete_cf(handle, last);
+    }
+    Ok(())
+}
+
+fn decode_opt<T: serde::de::DeserializeOwned>(
+    view: &ReadView<'_>,
+    key: &[u8],
+) -> Result<Option<T>, StoreError> {
+    match view.get(Cf::Meta, key)? {
+        Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+        None => Ok(None),
+    }
+}
+
+/// True when `record` should replace `current`: never go back to an older snapshot.
+fn is_newer(record: &SnapshotRecord, current: Option<&SnapshotRecord>) -> bool {
+    current.is_none_or(|c| record.meta.last_log_id >= c.meta.last_log_id)
+}
+
+/// Folds one entry's effects into the batch's.
+fn merge(into: &mut Effects, from: Effects) {
+    into.ready_queues.extend(from.ready_queues);
+    into.earliest_timer_ms = match (into.earliest_timer_ms, from.earliest_timer_ms) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+}
+
+/// The replicated state machine, persisted in the state-machine column families of the
+/// store's RocksDB. Hand it to `Raft::new`; keep a [`StateReader`] for queries.
+pub struct StateMachineStore {
+    shared: Arc<Shared>,
+}
+
+impl StateMachineStore {
+    pub(crate) fn open(db: Arc<Db>, dir: SnapshotDir) -> Result<Self, StoreError> {
+        Ok(StateMachineStore { shared: Arc::new(Shared::open(db, dir)?) })
+    }
+
+    /// A cheap, cloneable handle for reading the state (and setting the listener) after this
+    /// store has been moved into `Raft::new`.
+    pub fn reader(&self) -> StateReader {
+        StateReader { shared: self.shared.clone() }
+    }
+
+    /// Sets the function called after every applied batch, replacing any previous one.
+    ///
+    /// It runs on openraft's apply path, after the batch is written and before the next batch
+    /// is applied: it must be quick and must not block (wake tasks, don't do work). It is not
+    /// called for snapshot installs, which replace the whole state: treat a change of the
+    /// snapshot in `Raft::metrics()` as "everything may have changed".
+    pub fn set_listener(&self, listener: ApplyListener) {
+        self.reader().set_listener(listener);
+    }
+
+    /// Reads the state as of now; see [`StateReader::read_view`].
+    pub fn read_view(&self) -> Result<ReadView<'_>, StoreError> {
+        self.shared.try_view()
+    }
+}
+
+/// Read access to the state machine, independent of openraft. Cloning is cheap.
+#[derive(Clone)]
+pub struct StateReader {
+    shared: Arc<Shared>,
+}
+
+impl StateReader {
+    /// A consistent point-in-time view of the state machine (a RocksDB snapshot): later
+    /// applies do not show through it. Drop it promptly; it pins old data in RocksDB.
+    ///
+    /// Fails with [`StoreError::Installing`] while a snapshot is being installed, when the
+    /// state is incomplete.
+    pub fn read_view(&self) -> Result<ReadView<'_>, StoreError> {
+        self.shared.try_view()
+    }
+
+    /// Sets the apply listener; see [`StateMachineStore::set_listener`].
+    pub fn set_listener(&self, listener: ApplyListener) {
+        *self.shared.listener.write().unwrap_or_else(PoisonError::into_inner) = Some(listener);
+    }
+}
+
+/// Builds snapshots for openraft, concurrently with apply: everything it reads comes from one
+/// RocksDB snapshot.
+pub struct SnapshotBuilder {
+    shared: Arc<Shared>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let shared = self.shared.clone();
+        let (meta, file) =
+            blocking(move || shared.build()).await.map_err(storage_err(subject::write_snapshot))?;
+        tracing::info!(snapshot = %meta, "built snapshot");
+        Ok(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<AppliedState, StorageError<NodeId>> {
+        let shared = self.shared.clone();
+        blocking(move || shared.applied_state()).await.map_err(storage_err(subject::read_sm))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = LogEntry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<LogEntry> = entries.into_iter().collect();
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let shared = self.shared.clone();
+        let (replies, effects) = blocking(move || shared.apply(&entries))
+            .await
+            .map_err(storage_err(subject::write_sm))?;
+        let listener = self.shared.listener.read().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(listener) = listener {
+            listener(&effects);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder { shared: self.shared.clone() }
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
+        let shared = self.shared.clone();
+        let file = blocking(move || shared.begin_receiving())
+            .await
+            .map_err(storage_err(subject::write_snapshot))?;
+        Ok(Box::new(tokio::fs::File::from_std(file)))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<tokio::fs::File>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let mut file = *snapshot;
+        // Completes (and surfaces errors of) writes still in flight inside tokio's File.
+        file.flush()
+            .await
+            .map_err(|e| StoreError::io("flush received snapshot", e))
+            .map_err(storage_err(subject::write_snapshot))?;
+        let file = file.into_std().await;
+        let shared = self.shared.clone();
+        let owned_meta = meta.clone();
+        blocking(move || shared.install(file, &owned_meta))
+            .await
+            .map_err(storage_err(subject::write_snapshot))?;
+        tracing::info!(snapshot = %meta, "installed snapshot");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let shared = self.shared.clone();
+        let current = blocking(move || shared.current_snapshot())
+            .await
+            .map_err(storage_err(subject::read_snapshot))?;
+        Ok(current.map(|(meta, file)| Snapshot {
+            meta,
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use openraft::testing::{blank_ent, log_id, membership_ent};
+    use openraft::Membership;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::{LogStore, Store};
+
+    type Dump = Vec<(Cf, Vec<u8>, Vec<u8>)>;
+
+    fn open(dir: &Path) -> (LogStore, StateMachineStore) {
+        Store::open(dir).expect("open store")
+    }
+
+    fn put(sm: &StateMachineStore, cf: Cf, key: &[u8], value: &[u8]) {
+        let db = &sm.shared.db;
+        db.put_cf(db::cf(db, cf.name()).expect("cf"), key, value).expect("put");
+    }
+
+    /// Every state-machine record, reserved keys included.
+    fn dump(sm: &StateMachineStore) -> Dump {
+        let view = ReadView::live(&sm.shared.db);
+        let mut out = Vec::new();
+        for cf in Cf::ALL {
+            view.for_each(cf, b"", b"", |k, v| {
+                out.push((cf, k.to_vec(), v.to_vec()));
+                Ok(true)
+            })
+            .expect("scan");
+        }
+        out
+    }
+
+    fn snapshot_files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("snapshots"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn voters(ids: &[u64]) -> Vec<BTreeSet<u64>> {
+        vec![ids.iter().copied().collect()]
+    }
+
+    /// A state machine with data in several column families, applied up to (1, 3).
+    async fn leader(dir: &Path) -> (LogStore, StateMachineStore) {
+        let (log, mut sm) = open(dir);
+        put(&sm, Cf::Jobs, b"job-1", b"one");
+        put(&sm, Cf::Jobs, b"job-2", &[9u8; 50_000]);
+        put(&sm, Cf::Ready, b"", b"empty key");
+        put(&sm, Cf::Timers, &[0xff; 3], b"t");
+        put(&sm, Cf::Meta, b"clock", b"42");
+        sm.apply([
+            membership_ent::<TypeConfig>(1, 0, 2, voters(&[1, 2, 3])),
+            blank_ent::<TypeConfig>(1, 0, 3),
+        ])
+        .await
+        .expect("apply");
+        (log, sm)
+    }
+
+    async fn read_snapshot(snapshot: &mut Snapshot<TypeConfig>) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        snapshot.snapshot.read_to_end(&mut bytes).await.expect("read snapshot");
+        bytes
+    }
+
+    /// Feeds `bytes` to `sm` the way openraft does: into the file it handed out.
+    async fn receive(
+        sm: &mut StateMachineStore,
+        meta: &Meta,
+        bytes: &[u8],
+    ) -> Result<(), StorageError<NodeId>> {
+        let mut file = sm.begin_receiving_snapshot().await?;
+        for chunk in bytes.chunks(4096) {
+            file.write_all(chunk).await.expect("write chunk");
+        }
+        sm.install_snapshot(meta, file).await
+    }
+
+    #[tokio::test]
+    async fn snapshot_transfer_reproduces_the_state() {
+        let (leader_dir, follower_dir) =
+            (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let (_log_l, mut sm_l) = leader(leader_dir.path()).await;
+        let mut built = sm_l.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        assert_eq!(built.meta.last_log_id, Some(log_id(1, 0, 3)));
+        let bytes = read_snapshot(&mut built).await;
+
+        let (log_f, mut sm_f) = open(follower_dir.path());
+        put(&sm_f, Cf::Jobs, b"stale", b"x");
+        put(&sm_f, Cf::DueHist, b"stale", b"x");
+        sm_f.apply([blank_ent::<TypeConfig>(1, 0, 1)]).await.expect("apply");
+        receive(&mut sm_f, &built.meta, &bytes).await.expect("install");
+
+        assert_eq!(dump(&sm_f), dump(&sm_l));
+        assert_eq!(
+            sm_f.applied_state().await.expect("state"),
+            sm_l.applied_state().await.expect("state")
+        );
+        let current = sm_f.get_current_snapshot().await.expect("current").expect("some");
+        assert_eq!(current.meta, built.meta);
+        // The received file became the snapshot in place: no copy, no leftovers.
+        assert_eq!(snapshot_files(follower_dir.path()).len(), 1);
+
+        let want = dump(&sm_l);
+        drop((log_f, sm_f));
+        let (_log_f, mut sm_f) = open(follower_dir.path());
+        assert_eq!(dump(&sm_f), want);
+        let current = sm_f.get_current_snapshot().await.expect("current").expect("some");
+        assert_eq!(current.meta, built.meta);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_snapshot_is_refused_before_the_state_is_touched() {
+        let (leader_dir, follower_dir) =
+            (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let (_log_l, mut sm_l) = leader(leader_dir.path()).await;
+        let mut built = sm_l.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        let mut bytes = read_snapshot(&mut built).await;
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+
+        let (_log_f, mut sm_f) = open(follower_dir.path());
+        put(&sm_f, Cf::Jobs, b"mine", b"x");
+        let before = dump(&sm_f);
+        assert!(receive(&mut sm_f, &built.meta, &bytes).await.is_err());
+        assert_eq!(dump(&sm_f), before);
+        assert!(sm_f.get_current_snapshot().await.expect("current").is_none());
+        assert!(snapshot_files(follower_dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_interrupted_install_is_finished_on_open() {
+        let (leader_dir, follower_dir) =
+            (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let (_log_l, mut sm_l) = leader(leader_dir.path()).await;
+        let built = sm_l.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        let leader_file = lock(&sm_l.shared.current).clone().expect("current").file;
+
+        // Crash in the middle of an install: marker written, state cleared, part loaded.
+        let (log_f, sm_f) = open(follower_dir.path());
+        put(&sm_f, Cf::Jobs, b"stale", b"x");
+        std::fs::copy(
+            leader_dir.path().join("snapshots").join(&leader_file),
+            follower_dir.path().join("snapshots").join("00000000000000aa.snap"),
+        )
+        .expect("copy");
+        let record =
+            SnapshotRecord { file: "00000000000000aa.snap".into(), meta: built.meta.clone() };
+        let db = &sm_f.shared.db;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(
+            db::cf(db, CF_RAFT_META).expect("cf"),
+            meta_key::INSTALLING,
+            codec::encode(&record),
+        );
+        for cf in Cf::ALL {
+            clear(db, cf, &mut batch).expect("clear");
+        }
+        batch.put_cf(db::cf(db, Cf::Jobs.name()).expect("cf"), b"job-1", b"one");
+        db.write(batch).expect("write");
+        drop((log_f, sm_f));
+
+        let (_log_f, mut sm_f) = open(follower_dir.path());
+        assert_eq!(dump(&sm_f), dump(&sm_l));
+        let marker: Option<SnapshotRecord> =
+            db::get_decoded(&sm_f.shared.db, CF_RAFT_META, meta_key::INSTALLING).expect("get");
+        assert_eq!(marker, None);
+        let current = sm_f.get_current_snapshot().await.expect("current").expect("some");
+        assert_eq!(current.meta, built.meta);
+        assert_eq!(snapshot_files(follower_dir.path()), ["00000000000000aa.snap"]);
+    }
+
+    #[tokio::test]
+    async fn an_older_snapshot_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, mut sm) = leader(dir.path()).await;
+        let first = sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        sm.apply([blank_ent::<TypeConfig>(2, 0, 4)]).await.expect("apply");
+        let second = sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        assert!(second.meta.last_log_id > first.meta.last_log_id);
+        let files = snapshot_files(dir.path());
+        assert_eq!(files.len(), 1, "the replaced snapshot's file is removed");
+
+        // A build that finishes late with older data (say, it raced an install) loses.
+        let stale = SnapshotRecord { file: SnapshotDir::snap_name(999), meta: first.meta.clone() };
+        std::fs::write(sm.shared.dir.path(&stale.file), b"old").expect("write");
+        sm.shared.promote(stale).expect("promote");
+        let current = sm.get_current_snapshot().await.expect("current").expect("some");
+        assert_eq!(current.meta, second.meta);
+        assert_eq!(snapshot_files(dir.path()), files);
+    }
+
+    #[tokio::test]
+    async fn apply_records_progress_with_the_data_and_tells_the_listener() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, mut sm) = open(dir.path());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        sm.set_listener(Arc::new(move |effects: &Effects| lock(&sink).push(effects.clone())));
+
+        let syncs = db::wal_syncs(&sm.shared.db);
+        let replies = sm
+            .apply([
+                blank_ent::<TypeConfig>(1, 0, 1),
+                membership_ent::<TypeConfig>(1, 0, 2, voters(&[1])),
+            ])
+            .await
+            .expect("apply");
+        assert_eq!(replies, vec![Vec::new(), Vec::new()]);
+        assert_eq!(db::wal_syncs(&sm.shared.db), syncs, "apply does not fsync");
+        assert_eq!(*lock(&seen), [Effects::default()]);
+
+        let (last_applied, membership) = sm.applied_state().await.expect("state");
+        assert_eq!(last_applied, Some(log_id(1, 0, 2)));
+        assert_eq!(membership.log_id(), &Some(log_id(1, 0, 2)));
+        assert_eq!(membership.membership(), &Membership::new(voters(&[1]), None));
+        let view = sm.read_view().expect("view");
+        assert_eq!(view.last_applied().expect("last applied"), Some(log_id(1, 0, 2)));
+    }
+
+    #[tokio::test]
+    async fn reads_are_refused_while_an_install_runs() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, sm) = open(dir.path());
+        let reader = sm.reader();
+        {
+            let _installing = sm.shared.install_gate.write().expect("gate");
+            assert!(matches!(reader.read_view(), Err(StoreError::Installing)));
+        }
+        assert!(reader.read_view().is_ok());
+    }
+}
