@@ -1,1 +1,88 @@
-fn main() {}
+//! `delayd`: run one node. With no arguments it is a single-node cluster with its data in
+//! `./data`, serving lmstfy's HTTP API on port 7777.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use delayd_server::{http, Config, Node};
+use tracing_subscriber::EnvFilter;
+
+/// A Raft-replicated delay queue with lmstfy's HTTP API.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Directory for RocksDB and snapshots.
+    #[arg(long, env = "DELAYD_DATA_DIR", default_value = "data")]
+    data_dir: PathBuf,
+    /// HTTP listen address.
+    #[arg(long, env = "DELAYD_HTTP_ADDR", default_value = "0.0.0.0:7777")]
+    http_addr: SocketAddr,
+    /// This node's Raft id.
+    #[arg(long, env = "DELAYD_NODE_ID", default_value_t = 1)]
+    node_id: u64,
+    /// Largest job body accepted, in bytes.
+    #[arg(long, env = "DELAYD_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    max_body_bytes: usize,
+    /// How long a write waits for the cluster before answering 503, in ms.
+    #[arg(long, env = "DELAYD_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
+    request_timeout_ms: u64,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "DELAYD_LOG_JSON")]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+    if args.log_json {
+        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+
+    let config = Config {
+        node_id: args.node_id,
+        data_dir: args.data_dir,
+        http_addr: args.http_addr,
+        max_body_bytes: args.max_body_bytes,
+        request_timeout: Duration::from_millis(args.request_timeout_ms),
+        ..Config::default()
+    };
+    let listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.http_addr))?;
+    let node = Node::start(config).await.context("cannot start the node")?;
+    tracing::info!(addr = %listener.local_addr()?, "serving HTTP");
+
+    axum::serve(listener, http::router(node.clone()))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("HTTP server")?;
+    node.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,50 @@
+//! The service's error type. Each protocol maps it to status codes in one place.
+
+use delayd_core::Rejection;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The request is malformed or violates a limit; the message names the problem.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is over the configured limit.
+    #[error("body is larger than the limit of {0} bytes")]
+    TooLarge(usize),
+    /// The thing addressed does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request conflicts with the current state (stale lease, wrong state).
+    #[error("{0}")]
+    Conflict(String),
+    /// No leader could commit the request within its deadline; safe to retry.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    /// A bug or a storage failure.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<Rejection> for ServiceError {
+    fn from(r: Rejection) -> Self {
+        match r {
+            Rejection::JobNotFound => ServiceError::NotFound(r.to_string()),
+            Rejection::LeaseNotCurrent | Rejection::WrongState(..) => {
+                ServiceError::Conflict(r.to_string())
+            }
+            Rejection::Invalid(m) => ServiceError::BadRequest(m),
+        }
+    }
+}
+
+impl From<delayd_core::KvError> for ServiceError {
+    fn from(e: delayd_core::KvError) -> Self {
+        ServiceError::Internal(e.to_string())
+    }
+}
+
+impl From<delayd_store::StoreError> for ServiceError {
+    fn from(e: delayd_store::StoreError) -> Self {
+        ServiceError::Internal(e.to_string())
+    }
+}

@@ -1,0 +1,565 @@
+//! The HTTP API: lmstfy's data plane, plus delayd's extensions beside it.
+//!
+//! Handlers only parse and render; every decision is in [`crate::service`]. Parameters are
+//! parsed by hand so that a bad one is named in the 400 it causes. Times in lmstfy's
+//! parameters are seconds; the `_ms` extensions are milliseconds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use base64::Engine;
+use delayd_core::{Delivery, Due, Job, QueueName, Target};
+use serde_json::{json, Value};
+
+use crate::error::ServiceError;
+use crate::node::Node;
+use crate::propose::now_ms;
+use crate::service::{job_id, queue_name, PublishParams, MAX_BULK};
+
+/// The one place where service errors become HTTP statuses.
+pub fn error(e: &ServiceError) -> StatusCode {
+    match e {
+        ServiceError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        ServiceError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
+        ServiceError::Conflict(_) => StatusCode::CONFLICT,
+        ServiceError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// A service error as an HTTP response: `{"error": "..."}`.
+pub struct ApiError(pub ServiceError);
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = error(&self.0);
+        if status.is_server_error() {
+            tracing::warn!(error = %self.0, "request failed");
+        }
+        (status, Json(json!({ "error": self.0.to_string() }))).into_response()
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(ServiceError::BadRequest(msg.into()))
+}
+
+/// Query parameters, parsed on demand with errors that name the parameter.
+struct Params(HashMap<String, String>);
+
+impl Params {
+    fn str(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    fn num<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, ApiError> {
+        match self.str(name) {
+            None => Ok(None),
+            Some(s) => s.trim().parse().map(Some).map_err(|_| {
+                bad(format!("invalid {name} {s:?}: expected a non-negative integer in range"))
+            }),
+        }
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, ApiError> {
+        match self.str(name) {
+            None | Some("false") | Some("0") => Ok(false),
+            Some("true") | Some("1") | Some("") => Ok(true),
+            Some(s) => Err(bad(format!("invalid {name} {s:?}: expected true or false"))),
+        }
+    }
+
+    fn lease(&self) -> Result<Option<u64>, ApiError> {
+        match self.str("lease") {
+            None => Ok(None),
+            Some(s) => u64::from_str_radix(s, 16)
+                .map(Some)
+                .map_err(|_| bad(format!("invalid lease {s:?}: expected the token from reserve"))),
+        }
+    }
+
+    /// `delay` (s), `delay_ms` or `at` (unix ms); at most one.
+    fn due(&self) -> Result<Option<Due>, ApiError> {
+        let given = ["delay", "delay_ms", "at"].iter().filter(|p| self.0.contains_key(**p)).count();
+        if given > 1 {
+            return Err(bad("give only one of delay, delay_ms and at"));
+        }
+        if let Some(s) = self.num::<u64>("delay")? {
+            return Ok(Some(Due::After(s.saturating_mul(1000))));
+        }
+        if let Some(ms) = self.num::<u64>("delay_ms")? {
+            return Ok(Some(Due::After(ms)));
+        }
+        Ok(self.num::<u64>("at")?.map(Due::At))
+    }
+
+    fn publish(&self, headers: &HeaderMap) -> Result<PublishParams, ApiError> {
+        let mut p = PublishParams::default();
+        if let Some(due) = self.due()? {
+            p.due = due;
+        }
+        if let Some(ttl) = self.num::<u64>("ttl")? {
+            p.ttl_ms = (ttl > 0).then(|| ttl.saturating_mul(1000));
+        }
+        if let Some(tries) = self.num::<u16>("tries")? {
+            p.tries = tries;
+        }
+        if let Some(ttr) = self.num::<u64>("ttr")? {
+            if ttr == 0 {
+                return Err(bad("ttr must be at least 1 second"));
+            }
+            p.ttr_ms = ttr.saturating_mul(1000);
+        }
+        if let Some(priority) = self.num::<u32>("priority")? {
+            p.priority = priority;
+        }
+        p.key = self.str("key").map(str::to_string);
+        p.attributes = attributes(headers)?;
+        Ok(p)
+    }
+}
+
+/// Attributes from `Job-Attr-{Name}` headers.
+fn attributes(headers: &HeaderMap) -> Result<BTreeMap<String, String>, ApiError> {
+    let mut attrs = BTreeMap::new();
+    for (name, value) in headers {
+        if let Some(attr) = name.as_str().strip_prefix("job-attr-") {
+            let value = value
+                .to_str()
+                .map_err(|_| bad(format!("attribute {attr} is not visible ASCII")))?;
+            attrs.insert(attr.to_string(), value.to_string());
+        }
+    }
+    Ok(attrs)
+}
+
+fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Vec<u8>, ApiError> {
+    match body {
+        Ok(b) => Ok(b.to_vec()),
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError(ServiceError::TooLarge(limit)))
+        }
+        Err(r) => Err(bad(format!("cannot read body: {}", r.body_text()))),
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A job as lmstfy shows it, with delayd's fields beside lmstfy's.
+fn job_json(job: &Job, now: u64) -> Value {
+    let ttl_s = job.expires_ms.map_or(0, |e| e.saturating_sub(now).div_ceil(1000));
+    json!({
+        "namespace": job.queue.namespace,
+        "queue": job.queue.queue,
+        "job_id": job.id.to_string(),
+        "data": b64(&job.body),
+        "ttl": ttl_s,
+        "elapsed_ms": now.saturating_sub(job.created_ms),
+        "remain_tries": job.remain_tries(),
+        "attributes": if job.attributes.is_empty() { Value::Null } else { json!(job.attributes) },
+        "state": job.state.as_str(),
+        "priority": job.priority,
+        "due_at_ms": job.due_ms,
+        "attempt": job.attempts,
+        "key": job.key,
+    })
+}
+
+fn delivery_json(d: &Delivery, now: u64) -> Value {
+    let mut v = job_json(&d.job, now);
+    v["msg"] = json!("new job");
+    v["lease"] = json!(format!("{:x}", d.lease));
+    v["lease_deadline_ms"] = json!(d.job.lease.map(|l| l.deadline_ms));
+    v
+}
+
+fn no_content() -> Response {
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// Builds the router over a node.
+pub fn router(node: Node) -> Router {
+    let limit = node.config().max_body_bytes;
+    let bulk_limit = limit.saturating_mul(MAX_BULK).saturating_add(64 * 1024);
+    Router::new()
+        .route("/health", get(health))
+        .route("/api/{ns}/{q}", put(publish).get(reserve).delete(destroy))
+        .route("/api/{ns}/{q}/bulk", put(bulk).layer(DefaultBodyLimit::max(bulk_limit)))
+        .route("/api/{ns}/{q}/job/{id}", get(peek_job).put(republish).delete(ack).patch(update))
+        .route("/api/{ns}/{q}/job/{id}/release", put(release))
+        .route("/api/{ns}/{q}/job/{id}/touch", put(touch))
+        .route("/api/{ns}/{q}/job/{id}/bury", put(bury))
+        .route("/api/{ns}/{q}/key/{key}", get(by_key).delete(cancel_key))
+        .route("/api/{ns}/{q}/peek", get(peek))
+        .route("/api/{ns}/{q}/size", get(size))
+        .route("/api/{ns}/{q}/stats", get(stats))
+        .route("/api/{ns}/{q}/pause", put(pause).delete(resume))
+        .route("/api/{ns}/{q}/deadletter", get(dead_head).put(respawn).delete(purge))
+        .route("/api/{ns}/{q}/deadletter/size", get(dead_size))
+        .route("/api/{ns}/{q}/deadletter/jobs", get(dead_jobs))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(node)
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"error": "api not found"}))).into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    (StatusCode::METHOD_NOT_ALLOWED, Json(json!({"error": "method not allowed"}))).into_response()
+}
+
+async fn health(State(node): State<Node>) -> Response {
+    let m = node.raft().metrics().borrow().clone();
+    Json(json!({
+        "node_id": m.id,
+        "state": format!("{:?}", m.state),
+        "leader": m.current_leader,
+        "term": m.current_term,
+        "last_applied": m.last_applied.map(|l| l.index),
+    }))
+    .into_response()
+}
+
+type QueuePath = Path<(String, String)>;
+type JobPath = Path<(String, String, String)>;
+type Q = Query<HashMap<String, String>>;
+
+async fn publish(
+    State(node): State<Node>,
+    Path((ns, q)): QueuePath,
+    Query(params): Q,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let p = Params(params).publish(&headers)?;
+    let data = body(raw, node.config().max_body_bytes)?;
+    let r = node.publish(queue, &p, data).await?;
+    Ok(published(r))
+}
+
+fn published(r: crate::service::Published) -> Response {
+    if r.existed {
+        (StatusCode::OK, Json(json!({"msg": "exists", "job_id": r.id.to_string()}))).into_response()
+    } else {
+        (StatusCode::CREATED, Json(json!({"msg": "published", "job_id": r.id.to_string()})))
+            .into_response()
+    }
+}
+
+async fn bulk(
+    State(node): State<Node>,
+    Path((ns, q)): QueuePath,
+    Query(params): Q,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let p = Params(params).publish(&headers)?;
+    let limit = node.config().max_body_bytes.saturating_mul(MAX_BULK);
+    let data = body(raw, limit)?;
+    // As lmstfy does, each element's JSON text is one job's body.
+    let jobs: Vec<Box<serde_json::value::RawValue>> = serde_json::from_slice(&data)
+        .map_err(|e| bad(format!("bulk body must be a JSON array of jobs: {e}")))?;
+    let bodies = jobs.into_iter().map(|j| j.get().as_bytes().to_vec()).collect();
+    let ids = node.publish_bulk(queue, &p, bodies).await?;
+    let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+    Ok((StatusCode::CREATED, Json(json!({"msg": "published", "job_ids": ids}))).into_response())
+}
+
+async fn republish(
+    State(node): State<Node>,
+    Path((ns, q, id)): JobPath,
+    Query(params): Q,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let old = job_id(&id)?;
+    let p = Params(params).publish(&headers)?;
+    let data = body(raw, node.config().max_body_bytes)?;
+    Ok(published(node.republish(queue, old, &p, data).await?))
+}
+
+async fn reserve(
+    State(node): State<Node>,
+    Path((ns, qs)): QueuePath,
+    Query(params): Q,
+) -> ApiResult {
+    let queues = qs
+        .split(',')
+        .map(|q| queue_name(&ns, q))
+        .collect::<Result<Vec<QueueName>, ServiceError>>()?;
+    let p = Params(params);
+    let ttr_ms = match (p.num::<u64>("ttr")?, p.num::<u64>("ttr_ms")?) {
+        (Some(_), Some(_)) => return Err(bad("give only one of ttr and ttr_ms")),
+        (Some(0), None) | (None, Some(0)) => return Err(bad("ttr must be positive")),
+        (Some(s), None) => s.saturating_mul(1000),
+        (None, Some(ms)) => ms,
+        (None, None) => 120_000,
+    };
+    let wait = Duration::from_secs(p.num::<u64>("timeout")?.unwrap_or(0));
+    let count_given = p.num::<u32>("count")?;
+    let count = count_given.unwrap_or(1);
+    let got = node.reserve(queues, count, Some(ttr_ms), wait).await?;
+    if got.is_empty() {
+        return Ok(
+            (StatusCode::NOT_FOUND, Json(json!({"msg": "no job available"}))).into_response()
+        );
+    }
+    let now = now_ms();
+    // lmstfy answers one object for count=1 and an array when more were asked for.
+    if count > 1 {
+        let all: Vec<Value> = got.iter().map(|d| delivery_json(d, now)).collect();
+        return Ok(Json(Value::Array(all)).into_response());
+    }
+    Ok(Json(delivery_json(&got[0], now)).into_response())
+}
+
+async fn ack(State(node): State<Node>, Path((ns, q, id)): JobPath, Query(params): Q) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let id = job_id(&id)?;
+    node.ack(queue, id, Params(params).lease()?).await?;
+    Ok(no_content())
+}
+
+async fn release(
+    State(node): State<Node>,
+    Path((ns, q, id)): JobPath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let id = job_id(&id)?;
+    let p = Params(params);
+    let delay_ms = match p.due()? {
+        None => 0,
+        Some(Due::After(ms)) => ms,
+        Some(Due::At(_)) => return Err(bad("release takes delay or delay_ms, not at")),
+    };
+    let job = node.release(queue, id, p.lease()?, delay_ms, p.num("priority")?).await?;
+    Ok(Json(job_json(&job, now_ms())).into_response())
+}
+
+async fn touch(
+    State(node): State<Node>,
+    Path((ns, q, id)): JobPath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let id = job_id(&id)?;
+    let p = Params(params);
+    let ttr_ms = match (p.num::<u64>("ttr")?, p.num::<u64>("ttr_ms")?) {
+        (Some(_), Some(_)) => return Err(bad("give only one of ttr and ttr_ms")),
+        (Some(0), None) | (None, Some(0)) => return Err(bad("ttr must be positive")),
+        (s, ms) => s.map(|s| s.saturating_mul(1000)).or(ms),
+    };
+    let job = node.touch(queue, id, p.lease()?, ttr_ms).await?;
+    Ok(Json(job_json(&job, now_ms())).into_response())
+}
+
+async fn bury(State(node): State<Node>, Path((ns, q, id)): JobPath, Query(params): Q) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let id = job_id(&id)?;
+    let job = node.bury(queue, id, Params(params).lease()?).await?;
+    Ok(Json(job_json(&job, now_ms())).into_response())
+}
+
+async fn update(
+    State(node): State<Node>,
+    Path((ns, q, id)): JobPath,
+    Query(params): Q,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let id = job_id(&id)?;
+    let p = Params(params);
+    let data = body(raw, node.config().max_body_bytes)?;
+    let due = p.due()?;
+    let priority = p.num("priority")?;
+    let new_body = (!data.is_empty()).then_some(data);
+    if due.is_none() && priority.is_none() && new_body.is_none() {
+        return Err(bad("nothing to update: give delay, delay_ms, at, priority or a body"));
+    }
+    let job = node.update(queue, Target::Id(id), due, new_body, priority).await?;
+    Ok(Json(job_json(&job, now_ms())).into_response())
+}
+
+fn stale(p: &Params) -> Result<bool, ApiError> {
+    p.flag("stale")
+}
+
+async fn peek_job(
+    State(node): State<Node>,
+    Path((ns, q, id)): JobPath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let id = job_id(&id)?;
+    match node.job(&queue, id, stale(&Params(params))?).await? {
+        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
+        None => Err(ApiError(ServiceError::NotFound("job not found".into()))),
+    }
+}
+
+async fn by_key(
+    State(node): State<Node>,
+    Path((ns, q, key)): JobPath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    match node.job_by_key(&queue, &key, stale(&Params(params))?).await? {
+        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
+        None => Err(ApiError(ServiceError::NotFound("job not found".into()))),
+    }
+}
+
+async fn cancel_key(State(node): State<Node>, Path((ns, q, key)): JobPath) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    node.cancel(queue, Target::Key(key)).await?;
+    Ok(no_content())
+}
+
+async fn peek(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    match node.peek(&queue, stale(&Params(params))?).await? {
+        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
+        None => Err(ApiError(ServiceError::NotFound("the queue is empty".into()))),
+    }
+}
+
+async fn size(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let meta = node.queue_meta(&queue, stale(&Params(params))?).await?;
+    let size = meta.count(delayd_core::JobState::Ready);
+    Ok(Json(json!({"namespace": ns, "queue": q, "size": size})).into_response())
+}
+
+async fn stats(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let s = node.stats(&queue, stale(&Params(params))?).await?;
+    let hist: Vec<Value> =
+        s.due_histogram.iter().map(|(le, n)| json!({"le_ms": le, "count": n})).collect();
+    let c = s.meta.counts;
+    Ok(Json(json!({
+        "namespace": ns,
+        "queue": q,
+        "paused": s.meta.paused,
+        "delayed": c[0], "ready": c[1], "reserved": c[2], "dead": c[3],
+        "head_age_ms": s.head_age_ms,
+        "due_histogram": hist,
+    }))
+    .into_response())
+}
+
+async fn pause(State(node): State<Node>, Path((ns, q)): QueuePath) -> ApiResult {
+    node.set_paused(queue_name(&ns, &q)?, true).await?;
+    Ok(no_content())
+}
+
+async fn resume(State(node): State<Node>, Path((ns, q)): QueuePath) -> ApiResult {
+    node.set_paused(queue_name(&ns, &q)?, false).await?;
+    Ok(no_content())
+}
+
+async fn destroy(
+    State(node): State<Node>,
+    Path((ns, q)): QueuePath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    node.destroy(queue, Params(params).flag("all")?).await?;
+    Ok(no_content())
+}
+
+async fn dead_head(
+    State(node): State<Node>,
+    Path((ns, q)): QueuePath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let (size, jobs) = node.dead_letter(&queue, 1, stale(&Params(params))?).await?;
+    let head = jobs.first().map_or(String::new(), |j| j.id.to_string());
+    Ok(Json(json!({"namespace": ns, "queue": q, "deadletter_size": size, "deadletter_head": head}))
+        .into_response())
+}
+
+async fn dead_size(
+    State(node): State<Node>,
+    Path((ns, q)): QueuePath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let (size, _) = node.dead_letter(&queue, 0, stale(&Params(params))?).await?;
+    Ok(Json(json!({"namespace": ns, "queue": q, "size": size})).into_response())
+}
+
+fn limit(p: &Params, max: u32) -> Result<u32, ApiError> {
+    let n = p.num::<u32>("limit")?.unwrap_or(1);
+    if n == 0 || n > max {
+        return Err(bad(format!("limit must be 1 to {max}")));
+    }
+    Ok(n)
+}
+
+async fn dead_jobs(
+    State(node): State<Node>,
+    Path((ns, q)): QueuePath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let p = Params(params);
+    let n = match p.num::<u32>("limit")? {
+        None => 10,
+        Some(n) if (1..=1000).contains(&n) => n,
+        Some(_) => return Err(bad("limit must be 1 to 1000")),
+    };
+    let (size, jobs) = node.dead_letter(&queue, n as usize, stale(&p)?).await?;
+    let now = now_ms();
+    let jobs: Vec<Value> = jobs.iter().map(|j| job_json(j, now)).collect();
+    Ok(Json(json!({"namespace": ns, "queue": q, "size": size, "jobs": jobs})).into_response())
+}
+
+async fn respawn(
+    State(node): State<Node>,
+    Path((ns, q)): QueuePath,
+    Query(params): Q,
+) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let p = Params(params);
+    let n = limit(&p, 10_000)?;
+    let ttl_ms = match p.num::<u64>("ttl")? {
+        None => Some(86_400_000),
+        Some(0) => None,
+        Some(s) => Some(s.saturating_mul(1000)),
+    };
+    let count = node.respawn(queue, n, ttl_ms).await?;
+    Ok(Json(json!({"msg": "respawned", "count": count})).into_response())
+}
+
+async fn purge(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
+    let queue = queue_name(&ns, &q)?;
+    let n = limit(&Params(params), 10_000)?;
+    node.purge(queue, n).await?;
+    Ok(no_content())
+}

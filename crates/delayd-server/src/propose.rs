@@ -1,0 +1,118 @@
+//! The proposer: one task that turns concurrent requests into few Raft entries.
+//!
+//! openraft 0.9 appends and fsyncs entries one after another, so a log entry per request caps
+//! throughput at the fsync rate. Instead every request hands its commands to this task, which
+//! proposes whatever has queued up as one [`Entry`] and, while that entry is being replicated,
+//! lets the next batch gather. The batch is stamped with the leader's clock here, once.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use delayd_core::{Command, Entry, Outcome};
+use delayd_store::Raft;
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::ServiceError;
+
+/// The leader's wall clock in unix ms. The state machine never lets replicated time run
+/// backwards, whatever this returns after a failover.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+struct Pending {
+    commands: Vec<Command>,
+    reply: oneshot::Sender<Result<Vec<Outcome>, ServiceError>>,
+}
+
+/// Handle to the proposer task.
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl Proposer {
+    /// Starts the proposer over `raft`, packing at most `max_batch` commands per entry.
+    pub fn spawn(raft: Raft, max_batch: usize) -> Self {
+        let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
+        tokio::spawn(run(raft, rx, max_batch.max(1)));
+        Proposer { tx }
+    }
+
+    /// Proposes `commands` atomically (they land in the same entry) and returns their
+    /// outcomes once the entry is committed and applied.
+    pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ServiceError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Pending { commands, reply })
+            .await
+            .map_err(|_| ServiceError::Unavailable("node is shutting down".into()))?;
+        rx.await.map_err(|_| ServiceError::Unavailable("node is shutting down".into()))?
+    }
+
+    /// Proposes one command.
+    pub async fn propose_one(&self, command: Command) -> Result<Outcome, ServiceError> {
+        self.propose(vec![command])
+            .await?
+            .pop()
+            .ok_or_else(|| ServiceError::Internal("entry applied without an outcome".into()))
+    }
+}
+
+async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
+    while let Some(first) = rx.recv().await {
+        let mut size = first.commands.len();
+        let mut batch = vec![first];
+        while size < max_batch {
+            match rx.try_recv() {
+                Ok(p) => {
+                    size += p.commands.len();
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut commands = Vec::with_capacity(size);
+        let mut lens = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        for p in batch {
+            lens.push(p.commands.len());
+            commands.extend(p.commands);
+            replies.push(p.reply);
+        }
+        let entry = Entry { now_ms: now_ms(), commands };
+        match raft.client_write(entry).await {
+            Ok(resp) => {
+                let mut outcomes = resp.data.into_iter();
+                for (len, reply) in lens.into_iter().zip(replies) {
+                    let _ = reply.send(Ok(outcomes.by_ref().take(len).collect()));
+                }
+            }
+            Err(e) => {
+                let err = write_error(e);
+                for reply in replies {
+                    let _ = reply.send(Err(clone_error(&err)));
+                }
+            }
+        }
+    }
+}
+
+fn write_error(e: RaftError<u64, ClientWriteError<u64, openraft::BasicNode>>) -> ServiceError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ServiceError::Unavailable(
+            format!("this node is not the leader (leader: {:?})", f.leader_id),
+        ),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ServiceError::Internal(e.to_string())
+        }
+        RaftError::Fatal(f) => ServiceError::Unavailable(format!("raft stopped: {f}")),
+    }
+}
+
+fn clone_error(e: &ServiceError) -> ServiceError {
+    match e {
+        ServiceError::Unavailable(m) => ServiceError::Unavailable(m.clone()),
+        other => ServiceError::Internal(other.to_string()),
+    }
+}

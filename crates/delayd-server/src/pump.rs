@@ -1,0 +1,105 @@
+//! The timer pump: runs only while this node is the leader.
+//!
+//! It reads the head of the timer index (one RocksDB seek), sleeps until that deadline or
+//! until an applied entry adds an earlier one, then proposes a `Tick` that fires at most
+//! `tick_limit` deadlines; when the tick reports more, it proposes the next at once. The head
+//! is re-read every round, so a new leader needs no warm-up: the index in RocksDB is the
+//! whole truth. Waking slightly early is harmless — the tick fires only what is due at the
+//! entry's timestamp — and a late tick from a deposed leader finds nothing left to fire.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use delayd_core::{query, Command, Reply};
+use delayd_store::{Raft, StateReader};
+use openraft::ServerState;
+use tokio::sync::{watch, Notify};
+
+use crate::propose::Proposer;
+
+/// Shared between the pump and the apply listener.
+#[derive(Default)]
+pub struct PumpSignal {
+    /// Woken when an applied entry adds a deadline earlier than `planned_ms`.
+    pub notify: Notify,
+    /// The deadline the pump currently sleeps towards (`u64::MAX`: none).
+    pub planned_ms: AtomicU64,
+}
+
+impl PumpSignal {
+    /// Called after each applied batch that added timers.
+    pub fn timer_added(&self, deadline_ms: u64) {
+        if deadline_ms < self.planned_ms.load(Ordering::Acquire) {
+            self.notify.notify_one();
+        }
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Runs the pump until `shutdown` flips to true.
+pub async fn run(
+    raft: Raft,
+    reader: StateReader,
+    proposer: Proposer,
+    signal: Arc<PumpSignal>,
+    tick_limit: u32,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut metrics = raft.metrics();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let leader = metrics.borrow().state == ServerState::Leader;
+        if !leader {
+            signal.planned_ms.store(u64::MAX, Ordering::Release);
+            tokio::select! {
+                r = metrics.changed() => if r.is_err() { return },
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        }
+        // Plan first, then look: an apply that lands in between leaves a permit in `notify`.
+        signal.planned_ms.store(0, Ordering::Release);
+        let next = match reader.read_view().and_then(|v| Ok(query::next_deadline(&v)?)) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::error!(error = %e, "timer pump cannot read the timer index");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let now = now_us();
+        if let Some(deadline) = next {
+            if deadline * 1000 <= now {
+                match proposer.propose_one(Command::Tick { limit: tick_limit }).await {
+                    Ok(Ok(Reply::Ticked { fired, more })) => {
+                        tracing::trace!(fired, more, "tick");
+                    }
+                    Ok(other) => tracing::warn!(?other, "unexpected tick outcome"),
+                    Err(e) => {
+                        // Lost leadership or shutting down: the loop re-checks both.
+                        tracing::debug!(error = %e, "tick not committed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                continue;
+            }
+        }
+        signal.planned_ms.store(next.unwrap_or(u64::MAX), Ordering::Release);
+        let sleep = match next {
+            Some(deadline) => Duration::from_micros(deadline * 1000 - now),
+            None => Duration::from_secs(3600),
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = signal.notify.notified() => {}
+            r = metrics.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! The operations of delayd, validated and stamped, on a [`Node`].
+//!
+//! Handlers of every protocol call these; they never build commands themselves. Validation
+//! that needs no state happens here, before anything is proposed, so a bad request writes
+//! nothing; checks that need the state (a lease, a job's state) are decided by the state
+//! machine and come back as rejections.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use delayd_core::{
+    query, Command, Delivery, Due, Job, JobId, KvError, NewJob, Outcome, QueueMeta, QueueName,
+    Reply, Target,
+};
+use delayd_store::ReadView;
+use futures::future::select_all;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::ServiceError;
+use crate::node::Node;
+use crate::propose::now_ms;
+
+/// Most attributes a job may carry.
+pub const MAX_ATTRIBUTES: usize = 16;
+/// Most jobs in one bulk publish.
+pub const MAX_BULK: usize = 64;
+/// Most jobs one reserve may take.
+pub const MAX_RESERVE_COUNT: u32 = 100;
+/// Longest long-poll.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// How a job is to be published (everything but its body).
+#[derive(Clone, Debug)]
+pub struct PublishParams {
+    /// When it becomes deliverable.
+    pub due: Due,
+    /// Time to live from publish; `None` never expires.
+    pub ttl_ms: Option<u64>,
+    /// Maximum deliveries, 1..=65535.
+    pub tries: u16,
+    /// Default time-to-run of its reservations.
+    pub ttr_ms: u64,
+    /// 0 is most urgent.
+    pub priority: u32,
+    /// Idempotency key.
+    pub key: Option<String>,
+    /// Attributes.
+    pub attributes: BTreeMap<String, String>,
+}
+
+impl Default for PublishParams {
+    fn default() -> Self {
+        PublishParams {
+            due: Due::After(0),
+            ttl_ms: Some(86_400_000),
+            tries: 1,
+            ttr_ms: 120_000,
+            priority: 1024,
+            key: None,
+            attributes: BTreeMap::new(),
+        }
+    }
+}
+
+/// The result of a publish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// The job's id.
+    pub id: JobId,
+    /// True when the key already named a job and nothing was created.
+    pub existed: bool,
+}
+
+/// A queue's statistics.
+#[derive(Clone, Debug)]
+pub struct Stats {
+    /// Pause flag and counts per state.
+    pub meta: QueueMeta,
+    /// How long the next job to be delivered has been ready, in ms.
+    pub head_age_ms: Option<u64>,
+    /// `(upper bound ms from now, delayed jobs due within it)`; the last bound is `None`: all.
+    pub due_histogram: Vec<(Option<u64>, u64)>,
+}
+
+/// Upper bounds of the due histogram: 1 min, 5 min, 1 h, 1 day.
+pub const HISTOGRAM_BOUNDS_MS: [u64; 4] = [60_000, 300_000, 3_600_000, 86_400_000];
+
+/// Checks a namespace or queue name: `^[-_A-Za-z0-9]{1,255}$`; queue names starting with `_`
+/// are reserved.
+pub fn check_name(kind: &str, name: &str) -> Result<(), ServiceError> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if !ok {
+        return Err(ServiceError::BadRequest(format!(
+            "invalid {kind} name {name:?}: use 1-255 characters of A-Z a-z 0-9 - _"
+        )));
+    }
+    if kind == "queue" && name.starts_with('_') {
+        return Err(ServiceError::BadRequest(format!(
+            "queue names starting with '_' are reserved: {name:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Builds a checked queue name.
+pub fn queue_name(namespace: &str, queue: &str) -> Result<QueueName, ServiceError> {
+    check_name("namespace", namespace)?;
+    check_name("queue", queue)?;
+    Ok(QueueName::new(namespace, queue))
+}
+
+/// Parses a job id.
+pub fn job_id(s: &str) -> Result<JobId, ServiceError> {
+    s.parse().map_err(|_| ServiceError::BadRequest(format!("invalid job id {s:?}")))
+}
+
+fn reply(outcome: Outcome) -> Result<Reply, ServiceError> {
+    outcome.map_err(ServiceError::from)
+}
+
+fn unexpected(r: Reply) -> ServiceError {
+    ServiceError::Internal(format!("unexpected reply {r:?}"))
+}
+
+impl Node {
+    fn check_publish(&self, p: &PublishParams, body: &[u8]) -> Result<(), ServiceError> {
+        if body.len() > self.inner.config.max_body_bytes {
+            return Err(ServiceError::TooLarge(self.inner.config.max_body_bytes));
+        }
+        if p.tries == 0 {
+            return Err(ServiceError::BadRequest("tries must be at least 1".into()));
+        }
+        if p.attributes.len() > MAX_ATTRIBUTES {
+            return Err(ServiceError::BadRequest(format!(
+                "at most {MAX_ATTRIBUTES} attributes per job"
+            )));
+        }
+        if let Some(key) = &p.key {
+            if key.is_empty() || key.len() > 255 {
+                return Err(ServiceError::BadRequest("key must be 1-255 bytes".into()));
+            }
+        }
+        if let (Some(ttl), Due::After(delay)) = (p.ttl_ms, p.due) {
+            if ttl < delay {
+                return Err(ServiceError::BadRequest("ttl is shorter than delay".into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn new_job(p: &PublishParams, body: Vec<u8>) -> NewJob {
+        NewJob {
+            id: JobId(ulid::Ulid::new().0),
+            key: p.key.clone(),
+            body,
+            attributes: p.attributes.clone(),
+            due: p.due,
+            ttl_ms: p.ttl_ms,
+            tries: p.tries,
+            ttr_ms: p.ttr_ms,
+            priority: p.priority,
+        }
+    }
+
+    /// Proposes commands atomically, bounded by the request timeout.
+    async fn write(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ServiceError> {
+        let timeout = self.inner.config.request_timeout;
+        match tokio::time::timeout(timeout, self.inner.proposer.propose(commands)).await {
+            Ok(r) => r,
+            Err(_) => Err(ServiceError::Unavailable(format!(
+                "not committed within {timeout:?}; the outcome is unknown"
+            ))),
+        }
+    }
+
+    async fn write_one(&self, command: Command) -> Result<Reply, ServiceError> {
+        let outcome = self
+            .write(vec![command])
+            .await?
+            .pop()
+            .ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
+        reply(outcome)
+    }
+
+    /// Runs a read against the local replica; unless `stale`, first confirms with a quorum
+    /// that this node is the leader and has applied everything committed (read index).
+    pub async fn read<T>(
+        &self,
+        stale: bool,
+        f: impl FnOnce(&ReadView<'_>) -> Result<T, KvError>,
+    ) -> Result<T, ServiceError> {
+        if !stale {
+            let timeout = self.inner.config.request_timeout;
+            match tokio::time::timeout(timeout, self.inner.raft.ensure_linearizable()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(ServiceError::Unavailable(e.to_string())),
+                Err(_) => {
+                    return Err(ServiceError::Unavailable(
+                        "no quorum for a linearizable read".into(),
+                    ))
+                }
+            }
+        }
+        let view = self.inner.reader.read_view()?;
+        Ok(f(&view)?)
+    }
+
+    /// Publishes one job.
+    pub async fn publish(
+        &self,
+        queue: QueueName,
+        params: &PublishParams,
+        body: Vec<u8>,
+    ) -> Result<Published, ServiceError> {
+        self.check_publish(params, &body)?;
+        let job = Self::new_job(params, body);
+        match self.write_one(Command::Publish { queue, job }).await? {
+            Reply::Published { id } => Ok(Published { id, existed: false }),
+            Reply::Exists { id } => Ok(Published { id, existed: true }),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Publishes 1..=64 jobs in one entry: all or none.
+    pub async fn publish_bulk(
+        &self,
+        queue: QueueName,
+        params: &PublishParams,
+        bodies: Vec<Vec<u8>>,
+    ) -> Result<Vec<JobId>, ServiceError> {
+        if bodies.is_empty() || bodies.len() > MAX_BULK {
+            return Err(ServiceError::BadRequest(format!(
+                "a bulk publish carries 1 to {MAX_BULK} jobs, not {}",
+                bodies.len()
+            )));
+        }
+        if params.key.is_some() {
+            return Err(ServiceError::BadRequest("key is not accepted in a bulk publish".into()));
+        }
+        let mut commands = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            self.check_publish(params, &body)?;
+            commands
+                .push(Command::Publish { queue: queue.clone(), job: Self::new_job(params, body) });
+        }
+        let mut ids = Vec::with_capacity(commands.len());
+        for outcome in self.write(commands).await? {
+            match reply(outcome)? {
+                Reply::Published { id } => ids.push(id),
+                r => return Err(unexpected(r)),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Replaces a job by a new one (new id), atomically.
+    pub async fn republish(
+        &self,
+        queue: QueueName,
+        old: JobId,
+        params: &PublishParams,
+        body: Vec<u8>,
+    ) -> Result<Published, ServiceError> {
+        self.check_publish(params, &body)?;
+        let job = Self::new_job(params, body);
+        match self.write_one(Command::Republish { queue, old, job }).await? {
+            Reply::Published { id } => Ok(Published { id, existed: false }),
+            Reply::Exists { id } => Ok(Published { id, existed: true }),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Reserves up to `count` jobs from the queues in order, waiting up to `wait` for one.
+    pub async fn reserve(
+        &self,
+        queues: Vec<QueueName>,
+        count: u32,
+        ttr_ms: Option<u64>,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, ServiceError> {
+        if queues.is_empty() {
+            return Err(ServiceError::BadRequest("no queue named".into()));
+        }
+        if count == 0 || count > MAX_RESERVE_COUNT {
+            return Err(ServiceError::BadRequest(format!(
+                "count must be 1 to {MAX_RESERVE_COUNT}"
+            )));
+        }
+        if wait > MAX_WAIT {
+            return Err(ServiceError::BadRequest("timeout must be at most 600 s".into()));
+        }
+        let deadline = Instant::now() + wait;
+        let notifies: Vec<Arc<Notify>> =
+            queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect();
+        let result = async {
+            loop {
+                // Register before trying, so a job made ready in between still wakes us.
+                let mut woken: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
+                for w in &mut woken {
+                    w.as_mut().enable();
+                }
+                let command = Command::Reserve {
+                    queues: queues.clone(),
+                    count,
+                    ttr_ms,
+                    lease_seed: rand::random(),
+                };
+                let got = match self.write_one(command).await? {
+                    Reply::Reserved(got) => got,
+                    r => return Err(unexpected(r)),
+                };
+                if !got.is_empty() || Instant::now() >= deadline {
+                    return Ok(got);
+                }
+                tokio::select! {
+                    _ = select_all(woken) => {}
+                    _ = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+        }
+        .await;
+        drop(notifies);
+        self.inner.waiters.release(&queues);
+        result
+    }
+
+    /// Acks (deletes) a job; with a lease only the current holder may. Returns whether a
+    /// job was removed.
+    pub async fn ack(
+        &self,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+    ) -> Result<bool, ServiceError> {
+        match self.write_one(Command::Ack { queue, id, lease }).await? {
+            Reply::Removed(b) => Ok(b),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    async fn job_reply(&self, command: Command) -> Result<Job, ServiceError> {
+        match self.write_one(command).await? {
+            Reply::Job(job) => Ok(*job),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Puts a reserved job back, now or after `delay_ms`.
+    pub async fn release(
+        &self,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        delay_ms: u64,
+        priority: Option<u32>,
+    ) -> Result<Job, ServiceError> {
+        self.job_reply(Command::Release { queue, id, lease, delay_ms, priority }).await
+    }
+
+    /// Extends a reservation.
+    pub async fn touch(
+        &self,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        ttr_ms: Option<u64>,
+    ) -> Result<Job, ServiceError> {
+        self.job_reply(Command::Touch { queue, id, lease, ttr_ms }).await
+    }
+
+    /// Buries a reserved job in the dead letter.
+    pub async fn bury(
+        &self,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+    ) -> Result<Job, ServiceError> {
+        self.job_reply(Command::Bury { queue, id, lease }).await
+    }
+
+    /// Changes a pending job.
+    pub async fn update(
+        &self,
+        queue: QueueName,
+        target: Target,
+        due: Option<Due>,
+        body: Option<Vec<u8>>,
+        priority: Option<u32>,
+    ) -> Result<Job, ServiceError> {
+        if body.as_ref().is_some_and(|b| b.len() > self.inner.config.max_body_bytes) {
+            return Err(ServiceError::TooLarge(self.inner.config.max_body_bytes));
+        }
+        self.job_reply(Command::Update { queue, target, due, body, priority }).await
+    }
+
+    /// Deletes a job by id or key; returns whether one was removed.
+    pub async fn cancel(&self, queue: QueueName, target: Target) -> Result<bool, ServiceError> {
+        match self.write_one(Command::Cancel { queue, target }).await? {
+            Reply::Removed(b) => Ok(b),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    async fn count_reply(&self, command: Command) -> Result<u64, ServiceError> {
+        match self.write_one(command).await? {
+            Reply::Count(n) => Ok(n),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Moves up to `limit` dead jobs back to ready with one try and a new ttl.
+    pub async fn respawn(
+        &self,
+        queue: QueueName,
+        limit: u32,
+        ttl_ms: Option<u64>,
+    ) -> Result<u64, ServiceError> {
+        self.count_reply(Command::Respawn { queue, limit, ttl_ms }).await
+    }
+
+    /// Deletes up to `limit` dead jobs.
+    pub async fn purge(&self, queue: QueueName, limit: u32) -> Result<u64, ServiceError> {
+        self.count_reply(Command::Purge { queue, limit }).await
+    }
+
+    /// Removes the ready jobs of a queue (`all`: every job).
+    pub async fn destroy(&self, queue: QueueName, all: bool) -> Result<u64, ServiceError> {
+        self.count_reply(Command::Destroy { queue, all }).await
+    }
+
+    /// Pauses or resumes a queue.
+    pub async fn set_paused(&self, queue: QueueName, paused: bool) -> Result<(), ServiceError> {
+        self.write_one(Command::SetPaused { queue, paused }).await.map(|_| ())
+    }
+
+    /// One job by id.
+    pub async fn job(
+        &self,
+        queue: &QueueName,
+        id: JobId,
+        stale: bool,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.read(stale, |v| query::job(v, queue, id)).await
+    }
+
+    /// The live job holding a key.
+    pub async fn job_by_key(
+        &self,
+        queue: &QueueName,
+        key: &str,
+        stale: bool,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.read(stale, |v| query::job_by_key(v, queue, key)).await
+    }
+
+    /// The next ready job.
+    pub async fn peek(&self, queue: &QueueName, stale: bool) -> Result<Option<Job>, ServiceError> {
+        self.read(stale, |v| query::peek_ready(v, queue)).await
+    }
+
+    /// Counts per state and the pause flag.
+    pub async fn queue_meta(
+        &self,
+        queue: &QueueName,
+        stale: bool,
+    ) -> Result<QueueMeta, ServiceError> {
+        self.read(stale, |v| query::queue_meta(v, queue)).await
+    }
+
+    /// Dead jobs, oldest first, with the dead letter's size.
+    pub async fn dead_letter(
+        &self,
+        queue: &QueueName,
+        limit: usize,
+        stale: bool,
+    ) -> Result<(u64, Vec<Job>), ServiceError> {
+        self.read(stale, |v| {
+            let size = query::queue_meta(v, queue)?.count(delayd_core::JobState::Dead);
+            Ok((size, query::dead_letter(v, queue, limit)?))
+        })
+        .await
+    }
+
+    /// Counts, head age and the upcoming-due histogram.
+    pub async fn stats(&self, queue: &QueueName, stale: bool) -> Result<Stats, ServiceError> {
+        let now = now_ms();
+        self.read(stale, |v| {
+            let meta = query::queue_meta(v, queue)?;
+            let head_age_ms = query::peek_ready(v, queue)?.map(|j| now.saturating_sub(j.due_ms));
+            let counts = query::due_histogram(v, queue, now, &HISTOGRAM_BOUNDS_MS)?;
+            let bounds = HISTOGRAM_BOUNDS_MS.iter().map(|b| Some(*b)).chain([None]);
+            Ok(Stats { meta, head_age_ms, due_histogram: bounds.zip(counts).collect() })
+        })
+        .await
+    }
+}
