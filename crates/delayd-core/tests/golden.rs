@@ -3,7 +3,7 @@
 //! Regenerate with `UPDATE_GOLDENFILES=1 cargo test -p delayd-core --test golden`, then review
 //! the diff like code.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt::Write as _;
 
@@ -19,7 +19,7 @@ struct Machine {
     kv: MemKv,
     now: u64,
     next_id: u128,
-    leases: HashMap<JobId, Vec<u64>>,
+    leases: BTreeMap<JobId, Vec<u64>>,
     seeds: u64,
 }
 
