@@ -62,7 +62,8 @@ async fn lifecycle_through_ttr_dead_letter_respawn_and_kill9() -> Result<()> {
     ensure!(st == 200 && n(&r, "count")? == 1, "respawn: {st} {r}");
     let (st, job) = api.get("/api/e2e/work?timeout=5").await?;
     ensure!(st == 200 && s(&job, "job_id")? == id, "after respawn: {st} {job}");
-    let (st, _) = api.delete(&format!("/api/e2e/work/job/{id}?lease={}", s(&job, "lease")?)).await?;
+    let (st, _) =
+        api.delete(&format!("/api/e2e/work/job/{id}?lease={}", s(&job, "lease")?)).await?;
     ensure!(st == 204);
     let (st, _) = api.get(&format!("/api/e2e/work/job/{id}")).await?;
     ensure!(st == 404, "acked job must be gone");
@@ -71,7 +72,8 @@ async fn lifecycle_through_ttr_dead_letter_respawn_and_kill9() -> Result<()> {
     let mut expected = BTreeMap::new();
     for i in 0..50 {
         let delay = if i % 2 == 0 { "delay=0" } else { "delay=3600" };
-        let (st, r) = api.put(&format!("/api/e2e/keep?{delay}&key=k{i}"), format!("job-{i}")).await?;
+        let (st, r) =
+            api.put(&format!("/api/e2e/keep?{delay}&key=k{i}"), format!("job-{i}")).await?;
         ensure!(st == 201, "publish {i}: {st} {r}");
         expected.insert(s(&r, "job_id")?, format!("job-{i}"));
     }
@@ -86,7 +88,9 @@ async fn lifecycle_through_ttr_dead_letter_respawn_and_kill9() -> Result<()> {
     for field in ["delayed", "ready", "reserved", "dead"] {
         ensure!(after[field] == before[field], "{field}: {before} vs {after}");
     }
-    ensure!(n(&after, "delayed")? == 25 && n(&after, "ready")? == 20 && n(&after, "reserved")? == 5);
+    ensure!(
+        n(&after, "delayed")? == 25 && n(&after, "ready")? == 20 && n(&after, "reserved")? == 5
+    );
     for (id, body) in &expected {
         let (st, job) = api.get(&format!("/api/e2e/keep/job/{id}")).await?;
         ensure!(st == 200, "job {id} lost after kill -9: {st}");
@@ -113,7 +117,8 @@ async fn sigterm_stops_cleanly_and_keeps_data() -> Result<()> {
     let status = server.terminate()?;
     ensure!(status.success(), "exit status {status}; log:\n{}", server.log_text());
     let server = server.restart().await?;
-    let (st, job) = Api::new(&server).get(&format!("/api/e2e/term/job/{}", s(&r, "job_id")?)).await?;
+    let (st, job) =
+        Api::new(&server).get(&format!("/api/e2e/term/job/{}", s(&r, "job_id")?)).await?;
     ensure!(st == 200 && s(&job, "state")? == "delayed", "{st} {job}");
     Ok(())
 }

@@ -96,6 +96,14 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         match command {
             Command::Publish { queue, job } => self.publish(queue, job),
             Command::Republish { queue, old, job } => {
+                // A key held by another job wins: nothing is replaced.
+                if let Some(key) = &job.key {
+                    if let Some(rec) = self.key_record(queue, key)? {
+                        if rec.id != *old {
+                            return Ok(Ok(Reply::Exists { id: rec.id }));
+                        }
+                    }
+                }
                 if let Some(old) = self.job_in(queue, *old)? {
                     self.remove(old, false)?;
                 }

@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use base64::Engine;
 use delayd_core::{Delivery, Due, Job, QueueName, Target};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use crate::error::ServiceError;
@@ -55,6 +57,22 @@ impl IntoResponse for ApiError {
 }
 
 type ApiResult = Result<Response, ApiError>;
+
+/// axum's `Path`, rejecting with a JSON error like every other bad parameter (axum's own
+/// rejection is plain text, e.g. for a segment that is not UTF-8).
+struct Path<T>(T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(t)) => Ok(Path(t)),
+            Err(r) if r.status().is_client_error() => Err(bad(r.body_text())),
+            Err(r) => Err(ApiError(ServiceError::Internal(r.body_text()))),
+        }
+    }
+}
 
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(ServiceError::BadRequest(msg.into()))
@@ -315,14 +333,15 @@ async fn reserve(
     let ttr_ms = match (p.num::<u64>("ttr")?, p.num::<u64>("ttr_ms")?) {
         (Some(_), Some(_)) => return Err(bad("give only one of ttr and ttr_ms")),
         (Some(0), None) | (None, Some(0)) => return Err(bad("ttr must be positive")),
-        (Some(s), None) => s.saturating_mul(1000),
-        (None, Some(ms)) => ms,
-        (None, None) => 120_000,
+        (Some(s), None) => Some(s.saturating_mul(1000)),
+        (None, Some(ms)) => Some(ms),
+        // Each job's own ttr, which defaults to lmstfy's 120 s.
+        (None, None) => None,
     };
     let wait = Duration::from_secs(p.num::<u64>("timeout")?.unwrap_or(0));
     let count_given = p.num::<u32>("count")?;
     let count = count_given.unwrap_or(1);
-    let got = node.reserve(queues, count, Some(ttr_ms), wait).await?;
+    let got = node.reserve(queues, count, ttr_ms, wait).await?;
     if got.is_empty() {
         return Ok(
             (StatusCode::NOT_FOUND, Json(json!({"msg": "no job available"}))).into_response()

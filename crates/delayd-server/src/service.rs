@@ -126,6 +126,20 @@ fn unexpected(r: Reply) -> ServiceError {
     ServiceError::Internal(format!("unexpected reply {r:?}"))
 }
 
+/// Releases a reserve's waiter subscriptions when the reserve ends or is dropped.
+struct WaitGuard<'a> {
+    node: &'a Node,
+    queues: &'a [QueueName],
+    notifies: Vec<Arc<Notify>>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.notifies.clear();
+        self.node.inner.waiters.release(self.queues);
+    }
+}
+
 impl Node {
     fn check_publish(&self, p: &PublishParams, body: &[u8]) -> Result<(), ServiceError> {
         if body.len() > self.inner.config.max_body_bytes {
@@ -294,38 +308,58 @@ impl Node {
             return Err(ServiceError::BadRequest("timeout must be at most 600 s".into()));
         }
         let deadline = Instant::now() + wait;
-        let notifies: Vec<Arc<Notify>> =
-            queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect();
-        let result = async {
-            loop {
-                // Register before trying, so a job made ready in between still wakes us.
-                let mut woken: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
-                for w in &mut woken {
-                    w.as_mut().enable();
+        // Forget the subscriptions however this ends, a dropped request included.
+        let guard = WaitGuard {
+            node: self,
+            queues: &queues,
+            notifies: queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect(),
+        };
+        let notifies = &guard.notifies;
+        loop {
+            // Register before trying, so a job made ready in between still wakes us.
+            let mut woken: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            for w in &mut woken {
+                w.as_mut().enable();
+            }
+            // Only propose when the local replica shows something to take: an empty
+            // reserve would cost a log entry and an fsync on every poll.
+            let ready = self.read(true, |v| {
+                for q in &queues {
+                    let meta = query::queue_meta(v, q)?;
+                    if !meta.paused && meta.count(delayd_core::JobState::Ready) > 0 {
+                        return Ok(true);
+                    }
                 }
-                let command = Command::Reserve {
-                    queues: queues.clone(),
-                    count,
-                    ttr_ms,
-                    lease_seed: rand::random(),
-                };
-                let got = match self.write_one(command).await? {
-                    Reply::Reserved(got) => got,
-                    r => return Err(unexpected(r)),
-                };
-                if !got.is_empty() || Instant::now() >= deadline {
-                    return Ok(got);
+                Ok(false)
+            });
+            if !ready.await? {
+                if Instant::now() >= deadline {
+                    return Ok(Vec::new());
                 }
                 tokio::select! {
                     _ = select_all(woken) => {}
                     _ = tokio::time::sleep_until(deadline) => {}
                 }
+                continue;
+            }
+            let command = Command::Reserve {
+                queues: queues.clone(),
+                count,
+                ttr_ms,
+                lease_seed: rand::random(),
+            };
+            let got = match self.write_one(command).await? {
+                Reply::Reserved(got) => got,
+                r => return Err(unexpected(r)),
+            };
+            if !got.is_empty() || Instant::now() >= deadline {
+                return Ok(got);
+            }
+            tokio::select! {
+                _ = select_all(woken) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
             }
         }
-        .await;
-        drop(notifies);
-        self.inner.waiters.release(&queues);
-        result
     }
 
     /// Acks (deletes) a job; with a lease only the current holder may. Returns whether a

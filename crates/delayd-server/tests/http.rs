@@ -1,0 +1,874 @@
+//! HTTP handler tests: the real router, driven in-process with `tower::ServiceExt::oneshot`,
+//! over a real single-node cluster on RocksDB in a temporary directory.
+//!
+//! Each test starts its own node. Waiting is done the way a client would: a delayed or
+//! redelivered job is awaited with a long-poll reserve; the only polling is for the dead letter,
+//! which has no long-poll, and it is bounded by a deadline.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use axum::Router;
+use base64::Engine;
+use delayd_server::{http, Config, Node};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+/// The queue most tests use, and its API path.
+const Q: &str = "/api/ns/q";
+
+/// A job id that names no job.
+const UNKNOWN_ID: &str = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
+
+// ---- harness ----
+
+/// The router, called one request at a time; every answer is `(status, JSON body)`.
+struct Client {
+    router: Router,
+}
+
+impl Client {
+    async fn call(
+        &self,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Body>,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let resp = self.router.clone().oneshot(req.body(body.into()).unwrap()).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                panic!(
+                    "{uri}: {status} body is not JSON ({e}): {}",
+                    String::from_utf8_lossy(&bytes)
+                )
+            })
+        };
+        (status, value)
+    }
+
+    async fn get(&self, uri: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, uri, &[], Body::empty()).await
+    }
+
+    async fn put(&self, uri: &str, body: impl Into<Body>) -> (StatusCode, Value) {
+        self.call(Method::PUT, uri, &[], body).await
+    }
+
+    async fn patch(&self, uri: &str, body: impl Into<Body>) -> (StatusCode, Value) {
+        self.call(Method::PATCH, uri, &[], body).await
+    }
+
+    async fn delete(&self, uri: &str) -> (StatusCode, Value) {
+        self.call(Method::DELETE, uri, &[], Body::empty()).await
+    }
+
+    // ---- the calls most tests make, asserting their success ----
+
+    /// Publishes `body` to `queue` (an API path plus query) and returns the new job id.
+    async fn publish(&self, queue: &str, body: &str) -> String {
+        let (status, v) = self.put(queue, body.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "publish {queue}: {v}");
+        assert_eq!(v["msg"], "published", "{v}");
+        let id = v["job_id"].as_str().unwrap().to_string();
+        assert_eq!(id.len(), 26, "job ids are ULIDs: {id}");
+        id
+    }
+
+    /// Reserves one job, asserting that there is one.
+    async fn reserve(&self, uri: &str) -> Value {
+        let (status, v) = self.get(uri).await;
+        assert_eq!(status, StatusCode::OK, "reserve {uri}: {v}");
+        assert_eq!(v["msg"], "new job", "{v}");
+        v
+    }
+
+    /// Reserves, asserting that nothing is available.
+    async fn reserve_none(&self, uri: &str) {
+        assert_eq!(
+            self.get(uri).await,
+            (StatusCode::NOT_FOUND, json!({"msg": "no job available"})),
+            "reserve {uri}"
+        );
+    }
+
+    /// The number of ready jobs in `queue`.
+    async fn size(&self, queue: &str) -> u64 {
+        let (status, v) = self.get(&format!("{queue}/size")).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        v["size"].as_u64().unwrap()
+    }
+
+    async fn dead_size(&self, queue: &str) -> u64 {
+        let (status, v) = self.get(&format!("{queue}/deadletter/size")).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        v["size"].as_u64().unwrap()
+    }
+
+    /// Job counts per state and the pause flag, without the time-dependent fields.
+    async fn counts(&self, queue: &str) -> Value {
+        let (status, v) = self.get(&format!("{queue}/stats")).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        json!({
+            "paused": v["paused"], "delayed": v["delayed"], "ready": v["ready"],
+            "reserved": v["reserved"], "dead": v["dead"],
+        })
+    }
+
+    /// The last applied Raft log index: unchanged means nothing was written.
+    async fn applied(&self) -> u64 {
+        let (status, v) = self.get("/health").await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        v["last_applied"].as_u64().unwrap()
+    }
+}
+
+/// A running node and a client of its router; `stop` shuts the node down.
+struct TestNode {
+    node: Node,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl TestNode {
+    async fn start() -> TestNode {
+        TestNode::start_with(Config::default()).await
+    }
+
+    async fn start_with(config: Config) -> TestNode {
+        let dir = tempfile::tempdir().unwrap();
+        let node =
+            Node::start(Config { data_dir: dir.path().to_path_buf(), ..config }).await.unwrap();
+        let client = Client { router: http::router(node.clone()) };
+        TestNode { node, client, _dir: dir }
+    }
+
+    async fn stop(self) {
+        self.node.shutdown().await;
+    }
+}
+
+impl std::ops::Deref for TestNode {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A lease token that is not `lease` but has the same form.
+fn other_lease(lease: &Value) -> String {
+    let token = u64::from_str_radix(lease.as_str().unwrap(), 16).unwrap();
+    format!("{:x}", token ^ 1)
+}
+
+/// Polls the dead letter of `queue` until it holds `n` jobs; the dead letter has no
+/// long-poll to await.
+async fn await_dead(c: &Client, queue: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.dead_size(queue).await != n {
+        assert!(Instant::now() < deadline, "dead letter of {queue} never reached {n}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ---- publish and consume ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_then_consume_shows_every_field() {
+    let t = TestNode::start().await;
+    let (status, v) = t
+        .call(
+            Method::PUT,
+            &format!("{Q}?ttl=100&tries=3&priority=7"),
+            &[("Job-Attr-Foo", "bar")],
+            "hello",
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["msg"], "published");
+    let id = v["job_id"].as_str().unwrap().to_string();
+    assert_eq!(id.len(), 26);
+
+    let job = t.reserve(Q).await;
+    assert_eq!(job["namespace"], "ns");
+    assert_eq!(job["queue"], "q");
+    assert_eq!(job["job_id"], id);
+    assert_eq!(job["data"], b64("hello"));
+    let ttl = job["ttl"].as_u64().unwrap();
+    assert!((99..=100).contains(&ttl), "ttl {ttl}");
+    assert!(job["elapsed_ms"].as_u64().unwrap() < 10_000, "{job}");
+    assert_eq!(job["remain_tries"], 2);
+    assert_eq!(job["attributes"], json!({"foo": "bar"}));
+    assert_eq!(job["attempt"], 1);
+    assert_eq!(job["priority"], 7);
+    assert!(job["due_at_ms"].as_u64().unwrap() <= wall_ms());
+    assert!(job["lease"].as_str().is_some_and(|l| !l.is_empty()), "{job}");
+    assert_eq!(job["state"], "reserved");
+
+    t.reserve_none(Q).await;
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consume_many_and_from_several_queues() {
+    let t = TestNode::start().await;
+    t.reserve_none(Q).await;
+
+    let ids = [t.publish(Q, "a").await, t.publish(Q, "b").await, t.publish(Q, "c").await];
+    let (status, v) = t.get(&format!("{Q}?count=3")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let got: Vec<&str> =
+        v.as_array().unwrap().iter().map(|j| j["job_id"].as_str().unwrap()).collect();
+    assert_eq!(got, ids, "in publish order");
+
+    // count > 1 answers an array even when fewer jobs are ready.
+    let one = t.publish(Q, "d").await;
+    let (status, v) = t.get(&format!("{Q}?count=3")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["job_id"], one);
+
+    // Queues are taken in the order named, whatever the publish order.
+    let in_q2 = t.publish("/api/ns/q2", "2").await;
+    let in_q1 = t.publish("/api/ns/q1", "1").await;
+    assert_eq!(t.reserve("/api/ns/q1,q2").await["job_id"], in_q1);
+    let job = t.reserve("/api/ns/q1,q2").await;
+    assert_eq!((&job["job_id"], &job["queue"]), (&json!(in_q2), &json!("q2")));
+    t.reserve_none("/api/ns/q1,q2").await;
+    t.stop().await;
+}
+
+// ---- ack ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_deletes_and_checks_the_lease() {
+    let t = TestNode::start().await;
+    let unknown = format!("{Q}/job/{UNKNOWN_ID}");
+    assert_eq!(t.delete(&unknown).await, (StatusCode::NO_CONTENT, Value::Null));
+
+    // Without a lease: deleted in any state.
+    let id = t.publish(Q, "x").await;
+    assert_eq!(t.delete(&format!("{Q}/job/{id}")).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(t.get(&format!("{Q}/job/{id}")).await.0, StatusCode::NOT_FOUND);
+
+    // With a lease: only the current one.
+    let id = t.publish(Q, "y").await;
+    let job = t.reserve(Q).await;
+    let (status, v) = t.delete(&format!("{Q}/job/{id}?lease={}", other_lease(&job["lease"]))).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("lease"), "{v}");
+    assert_eq!(t.get(&format!("{Q}/job/{id}")).await.0, StatusCode::OK, "still there");
+    let lease = job["lease"].as_str().unwrap();
+    assert_eq!(t.delete(&format!("{Q}/job/{id}?lease={lease}")).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(t.get(&format!("{Q}/job/{id}")).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        t.counts(Q).await,
+        json!({"paused": false, "delayed": 0, "ready": 0, "reserved": 0, "dead": 0})
+    );
+    t.stop().await;
+}
+
+// ---- time ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_job_is_delivered_when_due_not_before() {
+    let t = TestNode::start().await;
+    let id = t.publish(&format!("{Q}?delay_ms=300"), "later").await;
+    t.reserve_none(Q).await;
+    let (_, peeked) = t.get(&format!("{Q}/job/{id}")).await;
+    assert_eq!(peeked["state"], "delayed");
+    let due = peeked["due_at_ms"].as_u64().unwrap();
+
+    let job = t.reserve(&format!("{Q}?timeout=2")).await;
+    let now = wall_ms();
+    assert_eq!(job["job_id"], id);
+    assert_eq!(job["due_at_ms"], due);
+    assert!(now >= due, "delivered {} ms before it was due", due - now);
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_poll_on_an_empty_queue_times_out() {
+    let t = TestNode::start().await;
+    let start = Instant::now();
+    let (status, v) =
+        tokio::time::timeout(Duration::from_secs(5), t.get(&format!("{Q}?timeout=1")))
+            .await
+            .expect("a long-poll of 1 s must not hang");
+    let waited = start.elapsed();
+    assert_eq!((status, v), (StatusCode::NOT_FOUND, json!({"msg": "no job available"})));
+    assert!(waited >= Duration::from_millis(950), "answered after only {waited:?}");
+    assert!(waited < Duration::from_secs(3), "answered after {waited:?}");
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_reservations_redeliver_then_dead_letter() {
+    let t = TestNode::start().await;
+    let a = t.publish(&format!("{Q}?tries=2"), "a").await;
+    let b = t.publish(Q, "b").await; // one try
+
+    let (status, v) = t.get(&format!("{Q}?count=2&ttr_ms=200")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let first = &v[0];
+    assert_eq!(
+        (&first["job_id"], &first["attempt"], &first["remain_tries"]),
+        (&json!(a), &json!(1), &json!(1))
+    );
+    assert_eq!((&v[1]["job_id"], &v[1]["remain_tries"]), (&json!(b), &json!(0)));
+
+    // When the ttr runs out, `a` comes back for its second try; `b` has none left.
+    let again = t.reserve(&format!("{Q}?timeout=2&ttr_ms=200")).await;
+    assert!(wall_ms() >= first["lease_deadline_ms"].as_u64().unwrap());
+    assert_eq!(again["job_id"], a);
+    assert_eq!(again["attempt"], 2);
+    assert_eq!(again["remain_tries"], 0);
+    assert_ne!(again["lease"], first["lease"]);
+    let stale = format!("{Q}/job/{a}?lease={}", first["lease"].as_str().unwrap());
+    assert_eq!(t.delete(&stale).await.0, StatusCode::CONFLICT);
+
+    await_dead(&t, Q, 2).await;
+    assert_eq!(t.size(Q).await, 0);
+    assert_eq!(
+        t.get(&format!("{Q}/deadletter")).await,
+        (
+            StatusCode::OK,
+            json!({"namespace": "ns", "queue": "q", "deadletter_size": 2, "deadletter_head": b})
+        )
+    );
+    assert_eq!(
+        t.get(&format!("{Q}/deadletter/size")).await,
+        (StatusCode::OK, json!({"namespace": "ns", "queue": "q", "size": 2}))
+    );
+    let (status, v) = t.get(&format!("{Q}/deadletter/jobs")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["size"], 2);
+    let dead: Vec<(&Value, &Value, &Value)> = v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| (&j["job_id"], &j["state"], &j["data"]))
+        .collect();
+    assert_eq!(
+        dead,
+        [
+            (&json!(b), &json!("dead"), &json!(b64("b"))),
+            (&json!(a), &json!("dead"), &json!(b64("a")))
+        ]
+    );
+
+    // Respawn the oldest: it is ready again with one try.
+    assert_eq!(
+        t.put(&format!("{Q}/deadletter?limit=1"), Body::empty()).await,
+        (StatusCode::OK, json!({"msg": "respawned", "count": 1}))
+    );
+    assert_eq!((t.size(Q).await, t.dead_size(Q).await), (1, 1));
+    let job = t.reserve(Q).await;
+    assert_eq!((&job["job_id"], &job["remain_tries"]), (&json!(b), &json!(0)));
+
+    assert_eq!(t.delete(&format!("{Q}/deadletter")).await, (StatusCode::NO_CONTENT, Value::Null));
+    assert_eq!(t.dead_size(Q).await, 0);
+    assert_eq!(
+        t.get(&format!("{Q}/deadletter")).await.1,
+        json!({"namespace": "ns", "queue": "q", "deadletter_size": 0, "deadletter_head": ""})
+    );
+    t.stop().await;
+}
+
+// ---- queries and queue administration ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_size_stats_and_destroy() {
+    let t = TestNode::start().await;
+    assert_eq!(
+        t.get(&format!("{Q}/job/{UNKNOWN_ID}")).await,
+        (StatusCode::NOT_FOUND, json!({"error": "job not found"}))
+    );
+    assert_eq!(
+        t.get(&format!("{Q}/peek")).await,
+        (StatusCode::NOT_FOUND, json!({"error": "the queue is empty"}))
+    );
+    assert_eq!(
+        t.get(&format!("{Q}/size")).await,
+        (StatusCode::OK, json!({"namespace": "ns", "queue": "q", "size": 0}))
+    );
+
+    let delayed = t.publish(&format!("{Q}?delay=60"), "d").await;
+    let ready = t.publish(Q, "r").await;
+    let reserved = t.publish(Q, "s").await;
+    let (status, v) = t.get(&format!("{Q}/peek")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["job_id"], &v["state"], &v["data"]),
+        (&json!(ready), &json!("ready"), &json!(b64("r")))
+    );
+    let (status, v) = t.get(&format!("{Q}/job/{delayed}")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["state"], &v["data"], &v["attempt"]),
+        (&json!("delayed"), &json!(b64("d")), &json!(0))
+    );
+    // Another queue does not see the job.
+    assert_eq!(t.get(&format!("/api/ns/other/job/{delayed}")).await.0, StatusCode::NOT_FOUND);
+
+    // Peeking takes nothing; make `reserved` the reserved one.
+    assert_eq!(t.size(Q).await, 2);
+    assert_eq!(t.reserve(Q).await["job_id"], ready);
+    assert_eq!(t.delete(&format!("{Q}/job/{ready}")).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(t.reserve(Q).await["job_id"], reserved);
+    let ready = t.publish(Q, "r2").await;
+
+    let (status, v) = t.get(&format!("{Q}/stats")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["namespace"], &v["queue"], &v["paused"]),
+        (&json!("ns"), &json!("q"), &json!(false))
+    );
+    assert_eq!(
+        [&v["delayed"], &v["ready"], &v["reserved"], &v["dead"]],
+        [&json!(1), &json!(1), &json!(1), &json!(0)]
+    );
+    assert!(v["head_age_ms"].as_u64().is_some(), "{v}");
+    let hist = v["due_histogram"].as_array().unwrap();
+    assert_eq!(hist.len(), 5, "{v}");
+    assert_eq!(
+        hist[0],
+        json!({"le_ms": 60_000, "count": 1}),
+        "the delayed job is due within a minute"
+    );
+    assert_eq!(hist[4]["le_ms"], Value::Null);
+
+    // Destroy removes the ready jobs only; `all=true` every job.
+    assert_eq!(t.delete(Q).await, (StatusCode::NO_CONTENT, Value::Null));
+    assert_eq!(t.size(Q).await, 0);
+    assert_eq!(t.get(&format!("{Q}/job/{ready}")).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        t.counts(Q).await,
+        json!({"paused": false, "delayed": 1, "ready": 0, "reserved": 1, "dead": 0})
+    );
+    assert_eq!(t.delete(&format!("{Q}?all=true")).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(
+        t.counts(Q).await,
+        json!({"paused": false, "delayed": 0, "ready": 0, "reserved": 0, "dead": 0})
+    );
+    t.stop().await;
+}
+
+// ---- bulk ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_publishes_all_or_nothing() {
+    let t = TestNode::start().await;
+    let (status, v) = t.put(&format!("{Q}/bulk"), r#"[{"a":1}, "two", 3]"#).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["msg"], "published");
+    let ids = v["job_ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.iter().all(|id| id.as_str().unwrap().len() == 26), "{v}");
+    assert_eq!(t.size(Q).await, 3);
+
+    for (body, needle) in [
+        ("[]".to_string(), "1 to 64"),
+        (format!("[{}]", vec!["0"; 65].join(",")), "1 to 64"),
+        ("not json".to_string(), "JSON array"),
+        (r#"{"a":1}"#.to_string(), "JSON array"),
+    ] {
+        let (status, v) = t.put(&format!("{Q}/bulk"), body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(needle), "{body}: {v}");
+    }
+    assert_eq!(t.size(Q).await, 3, "a rejected bulk writes nothing");
+
+    // Each element's JSON text is one job's body, in order.
+    let (status, v) = t.get(&format!("{Q}?count=3")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let data: Vec<&Value> = v.as_array().unwrap().iter().map(|j| &j["data"]).collect();
+    assert_eq!(data, [&json!(b64(r#"{"a":1}"#)), &json!(b64(r#""two""#)), &json!(b64("3"))]);
+    assert_eq!(v[0]["job_id"], ids[0]);
+    t.stop().await;
+}
+
+// ---- keys ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_dedups_and_addresses_a_job() {
+    let t = TestNode::start().await;
+    let id = t.publish(&format!("{Q}?key=k"), "first").await;
+    assert_eq!(
+        t.put(&format!("{Q}?key=k"), "second").await,
+        (StatusCode::OK, json!({"msg": "exists", "job_id": id}))
+    );
+    assert_eq!(t.size(Q).await, 1);
+
+    let (status, v) = t.get(&format!("{Q}/key/k")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["job_id"], &v["key"], &v["data"]),
+        (&json!(id), &json!("k"), &json!(b64("first")))
+    );
+    assert_eq!(t.get(&format!("{Q}/key/other")).await.0, StatusCode::NOT_FOUND);
+
+    assert_eq!(t.delete(&format!("{Q}/key/k")).await, (StatusCode::NO_CONTENT, Value::Null));
+    assert_eq!(
+        t.get(&format!("{Q}/key/k")).await,
+        (StatusCode::NOT_FOUND, json!({"error": "job not found"}))
+    );
+    assert_eq!(t.get(&format!("{Q}/job/{id}")).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(t.size(Q).await, 0);
+    t.stop().await;
+}
+
+// ---- the extensions on one job ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_puts_a_reserved_job_back_later() {
+    let t = TestNode::start().await;
+    let id = t.publish(Q, "x").await;
+    let job = t.reserve(Q).await;
+    let release = format!("{Q}/job/{id}/release");
+
+    let (status, v) =
+        t.put(&format!("{release}?lease={}", other_lease(&job["lease"])), Body::empty()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("lease"), "{v}");
+
+    let lease = job["lease"].as_str().unwrap();
+    let (status, v) =
+        t.put(&format!("{release}?lease={lease}&delay_ms=200&priority=3"), Body::empty()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["job_id"], &v["state"], &v["priority"]),
+        (&json!(id), &json!("delayed"), &json!(3))
+    );
+    let due = v["due_at_ms"].as_u64().unwrap();
+    t.reserve_none(Q).await;
+
+    let again = t.reserve(&format!("{Q}?timeout=2")).await;
+    assert!(wall_ms() >= due, "released job came back early");
+    assert_eq!(
+        (&again["job_id"], &again["attempt"], &again["priority"]),
+        (&json!(id), &json!(2), &json!(3))
+    );
+    // The first lease is spent.
+    assert_eq!(
+        t.put(&format!("{release}?lease={lease}"), Body::empty()).await.0,
+        StatusCode::CONFLICT
+    );
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn touch_extends_only_the_current_lease() {
+    let t = TestNode::start().await;
+    let id = t.publish(Q, "x").await;
+    let job = t.reserve(&format!("{Q}?ttr=1")).await;
+    let touch = format!("{Q}/job/{id}/touch");
+
+    let (status, v) =
+        t.put(&format!("{touch}?lease={}", other_lease(&job["lease"])), Body::empty()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    let lease = job["lease"].as_str().unwrap();
+    let (status, v) = t.put(&format!("{touch}?lease={lease}&ttr=60"), Body::empty()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!((&v["job_id"], &v["state"]), (&json!(id), &json!("reserved")));
+    // The reservation was 1 s; touched to 60 s it outlives a long-poll of 2 s.
+    t.reserve_none(&format!("{Q}?timeout=2")).await;
+    assert_eq!(t.delete(&format!("{Q}/job/{id}?lease={lease}")).await.0, StatusCode::NO_CONTENT);
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bury_moves_a_reserved_job_to_the_dead_letter() {
+    let t = TestNode::start().await;
+    let id = t.publish(&format!("{Q}?tries=5"), "x").await;
+    let job = t.reserve(Q).await;
+    let bury = format!("{Q}/job/{id}/bury");
+
+    let (status, v) =
+        t.put(&format!("{bury}?lease={}", other_lease(&job["lease"])), Body::empty()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert_eq!(t.dead_size(Q).await, 0);
+
+    let lease = job["lease"].as_str().unwrap();
+    let (status, v) = t.put(&format!("{bury}?lease={lease}"), Body::empty()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!((&v["job_id"], &v["state"]), (&json!(id), &json!("dead")));
+    assert_eq!(t.dead_size(Q).await, 1);
+    assert_eq!(t.get(&format!("{Q}/deadletter")).await.1["deadletter_head"], id);
+
+    // The lease died with the reservation.
+    let (status, v) = t.put(&format!("{bury}?lease={lease}"), Body::empty()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_updates_a_pending_job() {
+    let t = TestNode::start().await;
+    let first = t.publish(Q, "first").await;
+    let later = t.publish(&format!("{Q}?delay=60"), "later").await;
+
+    // Due now, most urgent, new body: it overtakes `first`.
+    let (status, v) = t.patch(&format!("{Q}/job/{later}?delay_ms=0&priority=0"), "new body").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["state"], &v["priority"], &v["data"]),
+        (&json!("ready"), &json!(0), &json!(b64("new body")))
+    );
+    let job = t.reserve(Q).await;
+    assert_eq!((&job["job_id"], &job["data"]), (&json!(later), &json!(b64("new body"))));
+
+    // Delay a ready job.
+    let (status, v) = t.patch(&format!("{Q}/job/{first}?delay=60"), Body::empty()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "delayed");
+    t.reserve_none(Q).await;
+
+    // A reserved job, an unknown job, and an empty update are refused.
+    let (status, v) = t.patch(&format!("{Q}/job/{later}?priority=1"), Body::empty()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("reserved"), "{v}");
+    let (status, v) = t.patch(&format!("{Q}/job/{UNKNOWN_ID}?priority=1"), Body::empty()).await;
+    assert_eq!((status, v), (StatusCode::NOT_FOUND, json!({"error": "job not found"})));
+    let (status, v) = t.patch(&format!("{Q}/job/{first}"), Body::empty()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("nothing to update"), "{v}");
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_stops_consumers_not_publishers() {
+    let t = TestNode::start().await;
+    assert_eq!(
+        t.put(&format!("{Q}/pause"), Body::empty()).await,
+        (StatusCode::NO_CONTENT, Value::Null)
+    );
+    let id = t.publish(Q, "x").await;
+    assert_eq!(t.counts(Q).await["paused"], true);
+    t.reserve_none(Q).await;
+    t.reserve_none("/api/ns/q,other").await;
+
+    assert_eq!(t.delete(&format!("{Q}/pause")).await, (StatusCode::NO_CONTENT, Value::Null));
+    assert_eq!(t.counts(Q).await["paused"], false);
+    assert_eq!(t.reserve(Q).await["job_id"], id);
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn republish_replaces_a_job_with_a_new_one() {
+    let t = TestNode::start().await;
+    let old = t.publish(Q, "old").await;
+    let (status, v) = t.put(&format!("{Q}/job/{old}?priority=9"), "new").await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(v["msg"], "published");
+    let new = v["job_id"].as_str().unwrap();
+    assert_eq!(new.len(), 26);
+    assert_ne!(new, old);
+
+    assert_eq!(t.get(&format!("{Q}/job/{old}")).await.0, StatusCode::NOT_FOUND);
+    let (status, v) = t.get(&format!("{Q}/job/{new}")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!((&v["data"], &v["priority"]), (&json!(b64("new")), &json!(9)));
+    assert_eq!(t.size(Q).await, 1);
+    t.stop().await;
+}
+
+// ---- bad input: 4xx, an error that names the problem, nothing written ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_and_write_nothing() {
+    const LIMIT: usize = 64;
+    let t = TestNode::start_with(Config { max_body_bytes: LIMIT, ..Config::default() }).await;
+    let id = t.publish(Q, "keep").await;
+    let at_limit = "x".repeat(LIMIT);
+    t.publish(Q, &at_limit).await;
+    let counts = t.counts(Q).await;
+    let applied = t.applied().await;
+
+    let long_name = "a".repeat(256);
+    let job = format!("{Q}/job/{id}");
+    let cases: Vec<(Method, String, String, StatusCode, &str)> = vec![
+        (
+            Method::PUT,
+            format!("{Q}?delay=abc"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid delay",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?delay=10&ttl=5"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "ttl is shorter than delay",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?delay=1&delay_ms=5"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "only one of delay",
+        ),
+        (Method::PUT, format!("{Q}?tries=0"), "x".into(), StatusCode::BAD_REQUEST, "tries"),
+        (
+            Method::PUT,
+            format!("{Q}?tries=70000"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid tries",
+        ),
+        (Method::PUT, format!("{Q}?ttr=0"), "x".into(), StatusCode::BAD_REQUEST, "ttr"),
+        (Method::PUT, format!("{Q}?key="), "x".into(), StatusCode::BAD_REQUEST, "key"),
+        (
+            Method::PUT,
+            "/api/ns/bad.name".into(),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid queue name",
+        ),
+        (
+            Method::PUT,
+            format!("/api/ns/{long_name}"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid queue name",
+        ),
+        (
+            Method::PUT,
+            "/api/bad.ns/q".into(),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid namespace name",
+        ),
+        (Method::PUT, "/api/ns/_q".into(), "x".into(), StatusCode::BAD_REQUEST, "reserved"),
+        (Method::PUT, "/api/ns/%FF".into(), "x".into(), StatusCode::BAD_REQUEST, "UTF-8"),
+        (
+            Method::PUT,
+            Q.into(),
+            "x".repeat(LIMIT + 1),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than the limit",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}/bulk"),
+            format!(r#"["{}"]"#, "x".repeat(LIMIT)),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than the limit",
+        ),
+        (
+            Method::PUT,
+            job.clone(),
+            "x".repeat(LIMIT + 1),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than the limit",
+        ),
+        (
+            Method::PATCH,
+            job.clone(),
+            "x".repeat(LIMIT + 1),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "larger than the limit",
+        ),
+        (Method::GET, format!("{Q}?count=101"), String::new(), StatusCode::BAD_REQUEST, "count"),
+        (Method::GET, format!("{Q}?count=0"), String::new(), StatusCode::BAD_REQUEST, "count"),
+        (
+            Method::GET,
+            format!("{Q}?timeout=601"),
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "timeout",
+        ),
+        (Method::GET, format!("{Q}?ttr=0"), String::new(), StatusCode::BAD_REQUEST, "ttr"),
+        (
+            Method::GET,
+            "/api/ns/q,bad.name".into(),
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "invalid queue name",
+        ),
+        (Method::GET, "/nowhere".into(), String::new(), StatusCode::NOT_FOUND, "api not found"),
+        (
+            Method::GET,
+            format!("{Q}/nowhere"),
+            String::new(),
+            StatusCode::NOT_FOUND,
+            "api not found",
+        ),
+        (Method::POST, Q.into(), "x".into(), StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+        (
+            Method::DELETE,
+            format!("{Q}/job/not-an-id"),
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "invalid job id",
+        ),
+        (
+            Method::DELETE,
+            format!("{job}?lease=xyz"),
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "invalid lease",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}/deadletter?limit=0"),
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "limit",
+        ),
+        (
+            Method::DELETE,
+            format!("{Q}?all=maybe"),
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "invalid all",
+        ),
+    ];
+    for (method, uri, body, want, needle) in cases {
+        let what = format!("{method} {}", &uri[..uri.len().min(80)]);
+        let (status, v) = t.call(method, &uri, &[], body).await;
+        assert_eq!(status, want, "{what}: {v}");
+        let error = v["error"].as_str().unwrap_or_else(|| panic!("{what}: no error string in {v}"));
+        assert!(error.contains(needle), "{what}: {error:?} does not name {needle:?}");
+        assert_eq!(t.counts(Q).await, counts, "{what} changed the queue");
+        assert_eq!(t.applied().await, applied, "{what} wrote to the log");
+    }
+    assert_eq!(t.get(&format!("{Q}/job/{id}")).await.1["data"], b64("keep"));
+
+    // `at` against the ttl needs the replicated clock, so the state machine decides it: the
+    // log gains an entry, the queue gains nothing.
+    let (status, v) = t.put(&format!("{Q}?at={}&ttl=5", wall_ms() + 60_000), "x").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("ttl"), "{v}");
+    assert_eq!(t.counts(Q).await, counts);
+
+    // The body limit is per job: a bulk may be larger than one job's limit.
+    let bulk = format!("[{}]", vec![format!("{:?}", "x".repeat(LIMIT - 2)); 4].join(","));
+    assert!(bulk.len() > 4 * LIMIT);
+    let (status, v) = t.put(&format!("{Q}/bulk"), bulk).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(t.size(Q).await, 6);
+    t.stop().await;
+}
