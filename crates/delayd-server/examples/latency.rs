@@ -92,11 +92,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 3. Timer lateness: jobs due over the next 2 s, consumers long-polling; lateness is
     //    delivery time minus due time, and any negative value is an early delivery.
     let q = QueueName::new("bench", "timer");
-    let base = wall_ms() + 500;
-    for i in 0..timer_jobs {
-        let at = base + (i as u64 * 2000) / timer_jobs.max(1) as u64;
-        let p = PublishParams { due: Due::At(at), ..params.clone() };
-        node.publish(q.clone(), &p, body.clone()).await?;
+    // Leave time to publish them all first (16 publishers), so every job is stored well
+    // before it is due and lateness measures the timer, not the publishing.
+    let base = wall_ms() + 1000 + timer_jobs as u64 / 4;
+    let mut publishers = Vec::new();
+    for p in 0..16 {
+        let (node, q, params, body) = (node.clone(), q.clone(), params.clone(), body.clone());
+        publishers.push(tokio::spawn(async move {
+            for i in (p..timer_jobs).step_by(16) {
+                let at = base + (i as u64 * 2000) / timer_jobs.max(1) as u64;
+                let p = PublishParams { due: Due::At(at), ..params.clone() };
+                node.publish(q.clone(), &p, body.clone()).await?;
+            }
+            Ok::<_, delayd_server::ServiceError>(())
+        }));
+    }
+    for p in publishers {
+        p.await??;
+    }
+    if wall_ms() >= base {
+        return Err("publishing the timer jobs took longer than planned".into());
     }
     let mut consumers = Vec::new();
     for _ in 0..8 {
@@ -105,7 +120,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut lateness = Vec::new();
             loop {
                 let got =
-                    node.reserve(vec![q.clone()], 10, Some(60_000), Duration::from_secs(2)).await?;
+                    node.reserve(vec![q.clone()], 10, Some(60_000), Duration::from_secs(5)).await?;
                 if got.is_empty() {
                     return Ok::<_, delayd_server::ServiceError>(lateness);
                 }
