@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
 /// Path of the `delayd` binary under test.
@@ -39,41 +39,66 @@ pub struct Server {
     child: Child,
     /// Base URL, e.g. `http://127.0.0.1:41234`.
     pub url: String,
+    /// Raft node id.
+    pub id: u64,
+    /// Internal gRPC address.
+    pub grpc: String,
     port: u16,
     data_dir: PathBuf,
     log: PathBuf,
+    args: Vec<String>,
 }
 
 impl Server {
-    /// Starts delayd on `data_dir` with a fresh port and waits until it serves.
+    /// Starts a single-node delayd on `data_dir` with fresh ports and waits until it serves.
     pub async fn start(data_dir: &Path) -> Result<Server> {
-        Self::start_on(data_dir, free_port()?).await
+        Self::spawn(1, data_dir, free_port()?, free_port()?, Vec::new()).await
     }
 
-    /// Starts delayd on `data_dir` and `port` and waits until it serves.
-    pub async fn start_on(data_dir: &Path, port: u16) -> Result<Server> {
+    /// Starts node `id` with the given ports and extra flags, and waits until it serves HTTP.
+    pub async fn spawn(
+        id: u64,
+        data_dir: &Path,
+        http_port: u16,
+        grpc_port: u16,
+        extra: Vec<String>,
+    ) -> Result<Server> {
+        let mut args = vec![
+            "--node-id".to_string(),
+            id.to_string(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--http-addr".into(),
+            format!("127.0.0.1:{http_port}"),
+            "--grpc-addr".into(),
+            format!("127.0.0.1:{grpc_port}"),
+        ];
+        args.extend(extra);
         let log = data_dir.with_extension("log");
-        let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-        let child = Command::new(delayd_bin()?)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--http-addr")
-            .arg(format!("127.0.0.1:{port}"))
+        let mut server = Server {
+            child: Self::launch(&args, &log)?,
+            url: format!("http://127.0.0.1:{http_port}"),
+            id,
+            grpc: format!("127.0.0.1:{grpc_port}"),
+            port: http_port,
+            data_dir: data_dir.to_path_buf(),
+            log,
+            args,
+        };
+        server.wait_ready().await?;
+        Ok(server)
+    }
+
+    fn launch(args: &[String], log: &Path) -> Result<Child> {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+        Command::new(delayd_bin()?)
+            .args(args)
             .env("RUST_LOG", "info,openraft=warn")
             .stdout(out.try_clone()?)
             .stderr(out)
             .stdin(Stdio::null())
             .spawn()
-            .context("spawn delayd")?;
-        let mut server = Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            port,
-            data_dir: data_dir.to_path_buf(),
-            log,
-        };
-        server.wait_ready().await?;
-        Ok(server)
+            .context("spawn delayd")
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
@@ -100,6 +125,11 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `kill -9`: no chance to flush anything.
     pub fn kill9(&mut self) -> Result<()> {
         self.child.kill()?;
@@ -107,16 +137,34 @@ impl Server {
         Ok(())
     }
 
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`).
+    pub fn signal(&self, sig: &str) -> Result<()> {
+        let status =
+            Command::new("kill").args([format!("-{sig}"), self.pid().to_string()]).status()?;
+        ensure!(status.success(), "kill -{sig} failed");
+        Ok(())
+    }
+
     /// SIGTERM, then waits for a clean exit.
     pub fn terminate(&mut self) -> Result<std::process::ExitStatus> {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status()?;
+        self.signal("TERM")?;
         Ok(self.child.wait()?)
     }
 
-    /// Starts a new process on the same data directory and port.
+    /// Starts a new process with the same flags, data directory and ports.
     pub async fn restart(&self) -> Result<Server> {
-        Server::start_on(&self.data_dir, self.port).await
+        let mut server = Server {
+            child: Self::launch(&self.args, &self.log)?,
+            url: self.url.clone(),
+            id: self.id,
+            grpc: self.grpc.clone(),
+            port: self.port,
+            data_dir: self.data_dir.clone(),
+            log: self.log.clone(),
+            args: self.args.clone(),
+        };
+        server.wait_ready().await?;
+        Ok(server)
     }
 }
 
@@ -153,6 +201,17 @@ impl Api {
         self.send(self.http.get(format!("{}{path}", self.base))).await
     }
 
+    /// A client of an arbitrary base URL, with a per-request timeout.
+    pub fn with_timeout(base: &str, timeout: Duration) -> Result<Api> {
+        let http = reqwest::Client::builder().timeout(timeout).build()?;
+        Ok(Api { http, base: base.to_string() })
+    }
+
+    /// POST `path` with an empty body.
+    pub async fn post(&self, path: &str) -> Result<(u16, Value)> {
+        self.send(self.http.post(format!("{}{path}", self.base))).await
+    }
+
     /// PUT `path` with a body.
     pub async fn put(&self, path: &str, body: impl Into<reqwest::Body>) -> Result<(u16, Value)> {
         self.send(self.http.put(format!("{}{path}", self.base)).body(body)).await
@@ -187,4 +246,96 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A cluster of delayd processes on loopback, formed from one initial member list.
+pub struct Cluster {
+    /// The nodes, index `i` holds node id `i + 1`; `None` once removed from the harness.
+    pub nodes: Vec<Server>,
+    /// Keeps the data directories alive.
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` founding nodes with `extra` flags each and waits until one leads.
+    pub async fn start(n: u64, extra: &[&str]) -> Result<Cluster> {
+        let dir = tempfile::tempdir()?;
+        let ports: Vec<(u16, u16)> =
+            (0..n).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
+        let peers = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, g))| format!("{}=127.0.0.1:{g}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::new();
+        for (i, (h, g)) in ports.iter().enumerate() {
+            let mut args = vec!["--peers".to_string(), peers.clone()];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let data = dir.path().join(format!("node{}", i + 1));
+            nodes.push(Server::spawn(i as u64 + 1, &data, *h, *g, args).await?);
+        }
+        let cluster = Cluster { nodes, dir };
+        cluster.leader(Duration::from_secs(20)).await?;
+        Ok(cluster)
+    }
+
+    /// Starts an extra node that waits to be added through the admin API.
+    pub async fn spawn_joiner(&self, id: u64, extra: &[&str]) -> Result<Server> {
+        let data = self.dir.path().join(format!("node{id}"));
+        let mut args = vec!["--join".to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Server::spawn(id, &data, free_port()?, free_port()?, args).await
+    }
+
+    /// The index in `nodes` of the leader that every listed reachable node agrees on.
+    pub async fn leader(&self, within: Duration) -> Result<usize> {
+        self.leader_among(&(0..self.nodes.len()).collect::<Vec<_>>(), within).await
+    }
+
+    /// The leader as seen by the nodes at `among` (all must agree), as an index in `nodes`.
+    pub async fn leader_among(&self, among: &[usize], within: Duration) -> Result<usize> {
+        eventually(within, || async {
+            let mut seen = None;
+            for &i in among {
+                let api = Api::with_timeout(&self.nodes[i].url, Duration::from_millis(500))?;
+                let Ok((200, h)) = api.get("/health").await else { return Ok(None) };
+                let Some(l) = h["leader"].as_u64() else { return Ok(None) };
+                if seen.is_some_and(|s| s != l) {
+                    return Ok(None);
+                }
+                seen = Some(l);
+            }
+            Ok(seen.and_then(|l| self.nodes.iter().position(|n| n.id == l)))
+        })
+        .await
+    }
+
+    /// A client of node index `i`.
+    pub fn api(&self, i: usize) -> Api {
+        Api::new(&self.nodes[i])
+    }
+
+    /// Waits until the nodes at `among` report the same applied index and state digest.
+    pub async fn converged(&self, among: &[usize], within: Duration) -> Result<Value> {
+        eventually(within, || async {
+            let mut first: Option<Value> = None;
+            for &i in among {
+                let (st, d) = self.api(i).get("/admin/digest").await?;
+                if st != 200 {
+                    return Ok(None);
+                }
+                match &first {
+                    None => first = Some(d),
+                    Some(f) => {
+                        if f["applied_index"] != d["applied_index"] || f["digest"] != d["digest"] {
+                            return Ok(None);
+                        }
+                    }
+                }
+            }
+            Ok(first)
+        })
+        .await
+    }
 }

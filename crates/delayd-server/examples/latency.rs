@@ -48,8 +48,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clients = arg("--clients", 64);
     let timer_jobs = arg("--timer-jobs", 2000);
     let dir = tempfile::tempdir()?;
-    let node =
-        Node::start(Config { data_dir: dir.path().to_path_buf(), ..Config::default() }).await?;
+    let node = Node::start(Config {
+        data_dir: dir.path().to_path_buf(),
+        grpc_addr: "127.0.0.1:0".parse()?,
+        ..Config::default()
+    })
+    .await?;
     let params = PublishParams { ttl_ms: None, ..PublishParams::default() };
     let body = vec![b'x'; 100];
     println!("delayd single node, fsync per log append, 100-byte bodies");

@@ -1,5 +1,6 @@
 //! Node configuration.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +14,16 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The HTTP API's listen address.
     pub http_addr: SocketAddr,
+    /// The internal gRPC listen address (Raft replication and forwarding).
+    pub grpc_addr: SocketAddr,
+    /// The gRPC address other nodes use to reach this one (`host:port`); defaults to
+    /// `grpc_addr`, with `127.0.0.1` for an unspecified host.
+    pub advertise_addr: Option<String>,
+    /// The initial members, `id → gRPC address`, identical on every founding node. Empty: a
+    /// single-node cluster of this node. Ignored once the node has joined a cluster.
+    pub initial_members: BTreeMap<u64, String>,
+    /// Start without forming a cluster and wait to be added through the admin API.
+    pub join: bool,
     /// Largest job body accepted, in bytes.
     pub max_body_bytes: usize,
     /// How long a write may wait for the cluster before answering 503.
@@ -21,6 +32,10 @@ pub struct Config {
     pub max_batch: usize,
     /// Most deadlines one tick fires.
     pub tick_limit: u32,
+    /// Build a snapshot after this many log entries.
+    pub snapshot_logs: u64,
+    /// Log entries kept behind a snapshot, for followers that are only a little behind.
+    pub keep_logs: u64,
 }
 
 impl Default for Config {
@@ -29,10 +44,87 @@ impl Default for Config {
             node_id: 1,
             data_dir: PathBuf::from("data"),
             http_addr: SocketAddr::from(([0, 0, 0, 0], 7777)),
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 7778)),
+            advertise_addr: None,
+            initial_members: BTreeMap::new(),
+            join: false,
             max_body_bytes: 1024 * 1024,
-            request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
             max_batch: 512,
             tick_limit: 1024,
+            snapshot_logs: 50_000,
+            keep_logs: 10_000,
         }
+    }
+}
+
+impl Config {
+    /// The gRPC address this node advertises to its peers.
+    pub fn advertised(&self) -> String {
+        if let Some(a) = &self.advertise_addr {
+            return a.clone();
+        }
+        let mut addr = self.grpc_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        addr.to_string()
+    }
+
+    /// Checks the configuration, naming the first problem found.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.node_id == 0 {
+            return Err("node id must be at least 1".into());
+        }
+        if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.node_id) {
+            return Err(format!(
+                "the initial members {:?} do not include this node ({})",
+                self.initial_members.keys().collect::<Vec<_>>(),
+                self.node_id
+            ));
+        }
+        if self.join && !self.initial_members.is_empty() {
+            return Err("--join and --peers exclude each other".into());
+        }
+        if self.max_batch == 0 || self.tick_limit == 0 {
+            return Err("max batch and tick limit must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parses `1=host:port,2=host:port` into a member map.
+pub fn parse_members(s: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut members = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) =
+            part.split_once('=').ok_or_else(|| format!("peer {part:?} is not id=host:port"))?;
+        let id: u64 = id.trim().parse().map_err(|_| format!("peer id {id:?} is not a number"))?;
+        if id == 0 {
+            return Err("peer ids start at 1".into());
+        }
+        if !addr.contains(':') {
+            return Err(format!("peer address {addr:?} has no port"));
+        }
+        if members.insert(id, addr.trim().to_string()).is_some() {
+            return Err(format!("peer id {id} is given twice"));
+        }
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_parse_and_validate() {
+        let m = parse_members("1=a:1, 2=b:2").expect("parse");
+        assert_eq!(m.len(), 2);
+        assert!(parse_members("1=a").is_err());
+        assert!(parse_members("x=a:1").is_err());
+        assert!(parse_members("1=a:1,1=b:2").is_err());
+        let c = Config { node_id: 3, initial_members: m, ..Config::default() };
+        assert!(c.validate().expect_err("not a member").contains("do not include"));
     }
 }

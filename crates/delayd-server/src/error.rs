@@ -17,9 +17,14 @@ pub enum ServiceError {
     /// The request conflicts with the current state (stale lease, wrong state).
     #[error("{0}")]
     Conflict(String),
-    /// No leader could commit the request within its deadline; safe to retry.
+    /// No leader could commit the request within its deadline; the message says whether the
+    /// outcome is unknown.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
+    /// This node is not the leader (the one it knows of, if any); nothing was proposed, so the
+    /// request can be retried elsewhere. Resolved by forwarding before it reaches a client.
+    #[error("this node is not the leader (leader: {0:?})")]
+    NotLeader(Option<u64>),
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),

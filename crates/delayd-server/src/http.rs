@@ -32,7 +32,9 @@ pub fn error(e: &ServiceError) -> StatusCode {
         ServiceError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
         ServiceError::Conflict(_) => StatusCode::CONFLICT,
-        ServiceError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ServiceError::Unavailable(_) | ServiceError::NotLeader(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -219,6 +221,7 @@ pub fn router(node: Node) -> Router {
     let bulk_limit = limit.saturating_mul(MAX_BULK).saturating_add(64 * 1024);
     Router::new()
         .route("/health", get(health))
+        .merge(crate::admin::routes())
         .route("/api/{ns}/{q}", put(publish).get(reserve).delete(destroy))
         .route("/api/{ns}/{q}/bulk", put(bulk).layer(DefaultBodyLimit::max(bulk_limit)))
         .route("/api/{ns}/{q}/job/{id}", get(peek_job).put(republish).delete(ack).patch(update))

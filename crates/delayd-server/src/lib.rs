@@ -15,8 +15,11 @@
 //!
 //! Errors are mapped to HTTP status codes in exactly one place, [`http::error`].
 
+pub mod admin;
 pub mod config;
 pub mod error;
+pub mod forward;
+pub mod grpc;
 pub mod http;
 pub mod network;
 pub mod node;

@@ -1,17 +1,28 @@
-//! A running delayd node: the Raft node, its store and the leader-side tasks.
+//! A running delayd node: the Raft node, its store, the internal gRPC server and the
+//! leader-side tasks, and the routing of every request to the node that can serve it.
+//!
+//! Writes go to the local proposer when this node leads and are forwarded to the leader
+//! otherwise (one hop, over the internal service's cached channels). A retry happens only when
+//! the request certainly was not proposed — the leader was unknown or unreachable, or the
+//! node asked was not the leader — so a retry can never apply a write twice. Anything
+//! ambiguous (a timeout after sending) is reported as such.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Duration;
 
+use delayd_core::{codec, Cf, Command, KvRead, Outcome};
 use delayd_store::{Raft, StateReader, Store};
-use openraft::error::{InitializeError, RaftError};
-use openraft::{BasicNode, ServerState};
+use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::error::ServiceError;
-use crate::network::SoloNetwork;
+use crate::forward::{ForwardOp, ForwardReply, NodeStatus, WireError};
+use crate::network::{ForwardError, GrpcNetwork};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
 use crate::waiters::Waiters;
@@ -28,37 +39,72 @@ pub(crate) struct Inner {
     pub(crate) reader: StateReader,
     pub(crate) proposer: Proposer,
     pub(crate) waiters: Arc<Waiters>,
+    network: GrpcNetwork,
     shutdown: watch::Sender<bool>,
 }
 
-fn raft_config() -> Result<openraft::Config, ServiceError> {
+fn raft_config(c: &Config) -> Result<openraft::Config, ServiceError> {
     // Timeouts sized for fsync on a busy disk (notes/openraft.md): in 0.9 the heartbeat
     // interval is also every replication RPC's timeout.
     let config = openraft::Config {
         cluster_name: "delayd".into(),
-        heartbeat_interval: 200,
-        election_timeout_min: 1000,
-        election_timeout_max: 2000,
+        heartbeat_interval: 150,
+        election_timeout_min: 750,
+        election_timeout_max: 1500,
         install_snapshot_timeout: 10_000,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(50_000),
-        max_in_snapshot_log_to_keep: 10_000,
+        snapshot_max_chunk_size: 4 * 1024 * 1024,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(c.snapshot_logs),
+        max_in_snapshot_log_to_keep: c.keep_logs,
         ..Default::default()
     };
     config.validate().map_err(|e| ServiceError::Internal(format!("raft config: {e}")))
 }
 
+struct Handler(std::sync::Weak<Inner>);
+
+#[tonic::async_trait]
+impl crate::grpc::ForwardHandler for Handler {
+    async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+        let inner = self.0.upgrade().ok_or_else(|| tonic::Status::unavailable("shutting down"))?;
+        let op: ForwardOp = codec::decode(&payload)
+            .map_err(|e| tonic::Status::invalid_argument(format!("bad forward payload: {e}")))?;
+        let node = Node { inner };
+        let reply = match node.serve_forwarded(op).await {
+            Ok(r) => r,
+            Err(e) => ForwardReply::Failed(WireError::from(&e)),
+        };
+        Ok(codec::encode(&reply))
+    }
+}
+
 impl Node {
-    /// Opens the store under `config.data_dir`, starts Raft, forms the single-node cluster on
-    /// first start (a restart finds it formed), and waits until this node leads.
-    pub async fn start(config: Config) -> Result<Node, ServiceError> {
+    /// Opens the store under `config.data_dir`, starts Raft and the internal gRPC server on
+    /// `config.grpc_addr`, and forms the cluster on first start (a restart finds it formed; a
+    /// `join` node waits to be added).
+    pub async fn start(mut config: Config) -> Result<Node, ServiceError> {
+        config.validate().map_err(ServiceError::BadRequest)?;
+        let grpc = tokio::net::TcpListener::bind(config.grpc_addr).await.map_err(|e| {
+            ServiceError::Unavailable(format!("cannot listen on {}: {e}", config.grpc_addr))
+        })?;
+        // Port 0 (tests): advertise the port the OS chose.
+        if config.grpc_addr.port() == 0 && config.advertise_addr.is_none() {
+            if let Ok(local) = grpc.local_addr() {
+                config.grpc_addr = local;
+            }
+        }
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             ServiceError::Internal(format!("cannot create {}: {e}", config.data_dir.display()))
         })?;
-        let (log, sm) = Store::open(&config.data_dir)?;
-        let reader = sm.reader();
-        let raft = Raft::new(config.node_id, Arc::new(raft_config()?), SoloNetwork, log, sm)
+        let dir = config.data_dir.clone();
+        let (log, sm) = tokio::task::spawn_blocking(move || Store::open(&dir))
             .await
-            .map_err(|e| ServiceError::Internal(format!("raft: {e}")))?;
+            .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        let reader = sm.reader();
+        let network = GrpcNetwork::new();
+        let raft =
+            Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
+                .await
+                .map_err(|e| ServiceError::Internal(format!("raft: {e}")))?;
 
         let waiters = Arc::new(Waiters::default());
         let signal = Arc::new(PumpSignal::default());
@@ -72,33 +118,73 @@ impl Node {
             }));
         }
 
-        let initialized =
-            raft.is_initialized().await.map_err(|e| ServiceError::Internal(e.to_string()))?;
-        if !initialized {
-            let addr = config.http_addr.to_string();
-            let members = BTreeMap::from([(config.node_id, BasicNode::new(addr))]);
-            match raft.initialize(members).await {
-                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(ServiceError::Internal(format!("initialize: {e}"))),
-            }
-        }
-        raft.wait(Some(Duration::from_secs(30)))
-            .state(ServerState::Leader, "single node becomes leader")
-            .await
-            .map_err(|e| ServiceError::Unavailable(format!("no leadership: {e}")))?;
-
         let proposer = Proposer::spawn(raft.clone(), config.max_batch);
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            config,
+            raft: raft.clone(),
+            reader: reader.clone(),
+            proposer: proposer.clone(),
+            waiters: waiters.clone(),
+            network,
+            shutdown,
+        });
+
+        let handler = Arc::new(Handler(Arc::downgrade(&inner)));
+        let mut grpc_shutdown = shutdown_rx.clone();
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = grpc_shutdown.wait_for(|s| *s).await;
+            };
+            if let Err(e) = crate::grpc::serve(grpc, raft, handler, stop).await {
+                tracing::error!(error = %e, "internal gRPC server stopped");
+            }
+        });
+        tokio::spawn(watch_snapshots(
+            inner.raft.clone(),
+            waiters,
+            signal.clone(),
+            shutdown_rx.clone(),
+        ));
         tokio::spawn(pump::run(
-            raft.clone(),
-            reader.clone(),
-            proposer.clone(),
+            inner.raft.clone(),
+            reader,
+            proposer,
             signal,
-            config.tick_limit,
+            inner.config.tick_limit,
             shutdown_rx,
         ));
-        tracing::info!(node_id = config.node_id, data_dir = %config.data_dir.display(), "node started");
-        Ok(Node { inner: Arc::new(Inner { config, raft, reader, proposer, waiters, shutdown }) })
+
+        let node = Node { inner };
+        node.form_cluster().await?;
+        tracing::info!(
+            node_id = node.inner.config.node_id,
+            grpc = %node.inner.config.advertised(),
+            data_dir = %node.inner.config.data_dir.display(),
+            "node started"
+        );
+        Ok(node)
+    }
+
+    async fn form_cluster(&self) -> Result<(), ServiceError> {
+        let c = &self.inner.config;
+        let raft = &self.inner.raft;
+        let initialized =
+            raft.is_initialized().await.map_err(|e| ServiceError::Internal(e.to_string()))?;
+        if initialized || c.join {
+            return Ok(());
+        }
+        let members: BTreeMap<u64, BasicNode> = if c.initial_members.is_empty() {
+            BTreeMap::from([(c.node_id, BasicNode::new(c.advertised()))])
+        } else {
+            c.initial_members.iter().map(|(id, a)| (*id, BasicNode::new(a.clone()))).collect()
+        };
+        // Every founding node proposes the same membership: whichever wins the first
+        // election commits it, and the others' attempts are refused as NotAllowed.
+        match raft.initialize(members).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(ServiceError::Internal(format!("initialize: {e}"))),
+        }
     }
 
     /// The node's configuration.
@@ -111,12 +197,291 @@ impl Node {
         &self.inner.raft
     }
 
-    /// Stops the pump and Raft. Acknowledged writes are already durable; this only lets
-    /// in-flight work finish and releases the database.
+    /// Stops the pump, the gRPC server and Raft. Acknowledged writes are already durable.
     pub async fn shutdown(&self) {
         let _ = self.inner.shutdown.send(true);
         if let Err(e) = self.inner.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
+        }
+    }
+
+    fn leader(&self) -> Option<(u64, Option<String>)> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let leader = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone());
+        Some((leader, addr))
+    }
+
+    /// Sends `op` to the leader (itself included) until it is served or `deadline` passes,
+    /// retrying only while nothing can have been applied.
+    async fn on_leader(
+        &self,
+        op: ForwardOp,
+        deadline: Instant,
+    ) -> Result<ForwardReply, ServiceError> {
+        let me = self.inner.config.node_id;
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            let attempt = match self.leader() {
+                Some((leader, _)) if leader == me => match self.serve_forwarded(op.clone()).await {
+                    Err(e @ ServiceError::NotLeader(_)) => Try::Retry(e),
+                    r => Try::Done(r),
+                },
+                Some((leader, Some(addr))) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    match self.inner.network.forward(&addr, codec::encode(&op), remaining).await {
+                        Ok(bytes) => match codec::decode::<ForwardReply>(&bytes)? {
+                            ForwardReply::Failed(w) => match ServiceError::from(w) {
+                                e @ ServiceError::NotLeader(_) => Try::Retry(e),
+                                e => Try::Done(Err(e)),
+                            },
+                            reply => Try::Done(Ok(reply)),
+                        },
+                        // Never sent: safe to try again.
+                        Err(ForwardError::Unreachable(e)) => Try::Retry(ServiceError::Unavailable(
+                            format!("leader {leader} unreachable: {e}"),
+                        )),
+                        Err(ForwardError::Status(s)) => {
+                            Try::Done(Err(ServiceError::Unavailable(format!(
+                                "forwarding to leader {leader} failed, outcome unknown: {}",
+                                s.message()
+                            ))))
+                        }
+                    }
+                }
+                _ => Try::Retry(ServiceError::NotLeader(None)),
+            };
+            match attempt {
+                Try::Done(r) => return r,
+                Try::Retry(e) => {
+                    if Instant::now() >= deadline {
+                        return Err(ServiceError::Unavailable(format!(
+                            "no leader could serve the request in time, nothing was written ({e})"
+                        )));
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        _ = metrics.changed() => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves an operation that must run on the leader; `NotLeader` when this node is not.
+    async fn serve_forwarded(&self, op: ForwardOp) -> Result<ForwardReply, ServiceError> {
+        let raft = &self.inner.raft;
+        match op {
+            ForwardOp::Propose(commands) => {
+                Ok(ForwardReply::Outcomes(self.inner.proposer.propose(commands).await?))
+            }
+            ForwardOp::ReadIndex => match raft.ensure_linearizable().await {
+                Ok(log_id) => Ok(ForwardReply::ReadIndex(log_id.map(|l| l.index))),
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                    Err(ServiceError::NotLeader(f.leader_id))
+                }
+                Err(e) => Err(ServiceError::Unavailable(e.to_string())),
+            },
+            ForwardOp::AddLearner { id, addr } => {
+                raft.add_learner(id, BasicNode::new(addr), true).await.map_err(membership_error)?;
+                Ok(ForwardReply::Members(self.voters()))
+            }
+            ForwardOp::Promote { id } => {
+                let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+                raft.change_membership(change, false).await.map_err(membership_error)?;
+                Ok(ForwardReply::Members(self.voters()))
+            }
+            ForwardOp::Remove { id } => {
+                let change = if self.voters().contains(&id) {
+                    ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+                } else {
+                    ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+                };
+                raft.change_membership(change, false).await.map_err(membership_error)?;
+                Ok(ForwardReply::Members(self.voters()))
+            }
+            ForwardOp::Status => Ok(ForwardReply::Status(self.status())),
+        }
+    }
+
+    fn voters(&self) -> BTreeSet<u64> {
+        let m = self.inner.raft.metrics().borrow().clone();
+        m.membership_config.membership().voter_ids().collect()
+    }
+
+    /// Proposes commands atomically on the leader, bounded by the request timeout.
+    pub(crate) async fn propose(
+        &self,
+        commands: Vec<Command>,
+    ) -> Result<Vec<Outcome>, ServiceError> {
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        let op = ForwardOp::Propose(commands);
+        let fut = self.on_leader(op, deadline);
+        match tokio::time::timeout_at(deadline, fut).await {
+            Ok(Ok(ForwardReply::Outcomes(o))) => Ok(o),
+            Ok(Ok(other)) => Err(ServiceError::Internal(format!("unexpected reply {other:?}"))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ServiceError::Unavailable(format!(
+                "not committed within {:?}; the outcome is unknown",
+                self.inner.config.request_timeout
+            ))),
+        }
+    }
+
+    /// Waits until the local replica has applied everything the leader had committed when
+    /// asked (the read-index protocol), so a local read is linearizable.
+    pub(crate) async fn read_barrier(&self) -> Result<(), ServiceError> {
+        let timeout = self.inner.config.request_timeout;
+        let deadline = Instant::now() + timeout;
+        let index =
+            match tokio::time::timeout_at(deadline, self.on_leader(ForwardOp::ReadIndex, deadline))
+                .await
+            {
+                Ok(Ok(ForwardReply::ReadIndex(i))) => i,
+                Ok(Ok(other)) => {
+                    return Err(ServiceError::Internal(format!("unexpected reply {other:?}")))
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(ServiceError::Unavailable(
+                        "no quorum for a linearizable read".into(),
+                    ))
+                }
+            };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        self.inner
+            .raft
+            .wait(Some(remaining))
+            .applied_index_at_least(index, "read index")
+            .await
+            .map_err(|e| ServiceError::Unavailable(format!("replica did not catch up: {e}")))?;
+        Ok(())
+    }
+
+    /// Runs a membership operation on the leader.
+    pub async fn change_members(&self, op: ForwardOp) -> Result<BTreeSet<u64>, ServiceError> {
+        // Adding a learner waits for it to catch up, which may take a snapshot transfer.
+        let deadline =
+            Instant::now() + self.inner.config.request_timeout.max(Duration::from_secs(60));
+        match self.on_leader(op, deadline).await? {
+            ForwardReply::Members(m) => Ok(m),
+            other => Err(ServiceError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// This node's own view.
+    pub fn status(&self) -> NodeStatus {
+        let m = self.inner.raft.metrics().borrow().clone();
+        NodeStatus {
+            id: m.id,
+            state: format!("{:?}", m.state),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            snapshot: m.snapshot.map(|l| l.index),
+            purged: m.purged.map(|l| l.index),
+        }
+    }
+
+    /// Asks a member for its view over the internal service.
+    pub async fn peer_status(&self, addr: &str) -> Result<NodeStatus, ServiceError> {
+        let bytes = self
+            .inner
+            .network
+            .forward(addr, codec::encode(&ForwardOp::Status), Duration::from_millis(500))
+            .await
+            .map_err(|e| ServiceError::Unavailable(e.to_string()))?;
+        match codec::decode::<ForwardReply>(&bytes)? {
+            ForwardReply::Status(s) => Ok(s),
+            other => Err(ServiceError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Triggers a snapshot of this node's state machine.
+    pub async fn snapshot(&self) -> Result<(), ServiceError> {
+        self.inner
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| ServiceError::Internal(e.to_string()))
+    }
+
+    /// A digest of the whole replicated state with the index it was taken at, read from one
+    /// consistent view: replicas at the same index must have the same digest.
+    pub fn digest(&self) -> Result<(Option<u64>, u64, u64), ServiceError> {
+        let view = self.inner.reader.read_view()?;
+        let applied = view.last_applied()?.map(|l| l.index);
+        let mut hash = std::collections::hash_map::DefaultHasher::new();
+        let mut entries = 0u64;
+        for cf in Cf::ALL {
+            view.scan(cf, &[], &[], &mut |k, v| {
+                // The store's own bookkeeping (last applied, membership) is not job state.
+                if !(cf == Cf::Meta && k.starts_with(b"raft/")) {
+                    hash.write_u8(cf as u8);
+                    hash.write_usize(k.len());
+                    hash.write(k);
+                    hash.write_usize(v.len());
+                    hash.write(v);
+                    entries += 1;
+                }
+                true
+            })?;
+        }
+        Ok((applied, hash.finish(), entries))
+    }
+}
+
+/// One attempt to reach the leader.
+enum Try {
+    /// Certainly not applied; may be retried.
+    Retry(ServiceError),
+    /// Served, or failed in a way a retry could make worse.
+    Done(Result<ForwardReply, ServiceError>),
+}
+
+fn membership_error<E: std::fmt::Display>(e: RaftError<u64, E>) -> ServiceError {
+    match e {
+        RaftError::APIError(e) => {
+            let msg = e.to_string();
+            if msg.contains("forward request to") || msg.contains("ForwardToLeader") {
+                ServiceError::NotLeader(None)
+            } else {
+                ServiceError::BadRequest(msg)
+            }
+        }
+        RaftError::Fatal(f) => ServiceError::Unavailable(f.to_string()),
+    }
+}
+
+/// A snapshot installed from the leader replaces the state wholesale without going through
+/// apply, so nothing reported which queues gained jobs or which deadlines moved: wake every
+/// waiter and the pump to look again.
+async fn watch_snapshots(
+    raft: Raft,
+    waiters: Arc<Waiters>,
+    signal: Arc<PumpSignal>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut metrics = raft.metrics();
+    let mut last = metrics.borrow().snapshot;
+    loop {
+        tokio::select! {
+            r = metrics.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+        let (snapshot, state) = {
+            let m = metrics.borrow();
+            (m.snapshot, m.state)
+        };
+        if snapshot != last {
+            last = snapshot;
+            if state != ServerState::Leader {
+                waiters.wake_all();
+                signal.timer_added(0);
+            }
         }
     }
 }

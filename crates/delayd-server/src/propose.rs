@@ -100,9 +100,9 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
 
 fn write_error(e: RaftError<u64, ClientWriteError<u64, openraft::BasicNode>>) -> ServiceError {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ServiceError::Unavailable(
-            format!("this node is not the leader (leader: {:?})", f.leader_id),
-        ),
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            ServiceError::NotLeader(f.leader_id)
+        }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
             ServiceError::Internal(e.to_string())
         }
@@ -113,6 +113,7 @@ fn write_error(e: RaftError<u64, ClientWriteError<u64, openraft::BasicNode>>) ->
 fn clone_error(e: &ServiceError) -> ServiceError {
     match e {
         ServiceError::Unavailable(m) => ServiceError::Unavailable(m.clone()),
+        ServiceError::NotLeader(l) => ServiceError::NotLeader(*l),
         other => ServiceError::Internal(other.to_string()),
     }
 }

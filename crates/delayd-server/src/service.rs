@@ -180,15 +180,9 @@ impl Node {
         }
     }
 
-    /// Proposes commands atomically, bounded by the request timeout.
+    /// Proposes commands atomically on the leader (forwarded when this node is a follower).
     async fn write(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ServiceError> {
-        let timeout = self.inner.config.request_timeout;
-        match tokio::time::timeout(timeout, self.inner.proposer.propose(commands)).await {
-            Ok(r) => r,
-            Err(_) => Err(ServiceError::Unavailable(format!(
-                "not committed within {timeout:?}; the outcome is unknown"
-            ))),
-        }
+        self.propose(commands).await
     }
 
     async fn write_one(&self, command: Command) -> Result<Reply, ServiceError> {
@@ -200,24 +194,15 @@ impl Node {
         reply(outcome)
     }
 
-    /// Runs a read against the local replica; unless `stale`, first confirms with a quorum
-    /// that this node is the leader and has applied everything committed (read index).
+    /// Runs a read against the local replica; unless `stale`, first waits until it has
+    /// applied everything the leader had committed when asked (read index).
     pub async fn read<T>(
         &self,
         stale: bool,
         f: impl FnOnce(&ReadView<'_>) -> Result<T, KvError>,
     ) -> Result<T, ServiceError> {
         if !stale {
-            let timeout = self.inner.config.request_timeout;
-            match tokio::time::timeout(timeout, self.inner.raft.ensure_linearizable()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(ServiceError::Unavailable(e.to_string())),
-                Err(_) => {
-                    return Err(ServiceError::Unavailable(
-                        "no quorum for a linearizable read".into(),
-                    ))
-                }
-            }
+            self.read_barrier().await?;
         }
         let view = self.inner.reader.read_view()?;
         Ok(f(&view)?)

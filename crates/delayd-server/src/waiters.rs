@@ -31,6 +31,14 @@ impl Waiters {
         }
     }
 
+    /// Wakes every waiter (after a snapshot replaced the state).
+    pub fn wake_all(&self) {
+        let map = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        for n in map.values() {
+            n.notify_waiters();
+        }
+    }
+
     /// Forgets queues nobody waits on, so the map stays as small as the set of live waits.
     pub fn release(&self, queues: &[QueueName]) {
         let mut map = self.queues.lock().unwrap_or_else(|p| p.into_inner());

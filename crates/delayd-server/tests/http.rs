@@ -149,8 +149,13 @@ impl TestNode {
 
     async fn start_with(config: Config) -> TestNode {
         let dir = tempfile::tempdir().unwrap();
-        let node =
-            Node::start(Config { data_dir: dir.path().to_path_buf(), ..config }).await.unwrap();
+        let node = Node::start(Config {
+            data_dir: dir.path().to_path_buf(),
+            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            ..config
+        })
+        .await
+        .unwrap();
         let client = Client { router: http::router(node.clone()) };
         TestNode { node, client, _dir: dir }
     }

@@ -20,15 +20,35 @@ struct Args {
     /// HTTP listen address.
     #[arg(long, env = "DELAYD_HTTP_ADDR", default_value = "0.0.0.0:7777")]
     http_addr: SocketAddr,
+    /// Internal gRPC listen address (Raft replication, forwarding).
+    #[arg(long, env = "DELAYD_GRPC_ADDR", default_value = "0.0.0.0:7778")]
+    grpc_addr: SocketAddr,
+    /// The gRPC address peers use to reach this node (default: --grpc-addr, loopback if
+    /// unspecified).
+    #[arg(long, env = "DELAYD_ADVERTISE_ADDR")]
+    advertise_addr: Option<String>,
     /// This node's Raft id.
     #[arg(long, env = "DELAYD_NODE_ID", default_value_t = 1)]
     node_id: u64,
+    /// Initial members as `id=host:port,...` (gRPC addresses), the same on every founding
+    /// node. Empty: a single-node cluster.
+    #[arg(long, env = "DELAYD_PEERS", default_value = "")]
+    peers: String,
+    /// Start empty and wait to be added through the admin API of a running cluster.
+    #[arg(long, env = "DELAYD_JOIN")]
+    join: bool,
     /// Largest job body accepted, in bytes.
     #[arg(long, env = "DELAYD_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     max_body_bytes: usize,
     /// How long a write waits for the cluster before answering 503, in ms.
-    #[arg(long, env = "DELAYD_REQUEST_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(long, env = "DELAYD_REQUEST_TIMEOUT_MS", default_value_t = 5_000)]
     request_timeout_ms: u64,
+    /// Build a snapshot after this many log entries.
+    #[arg(long, env = "DELAYD_SNAPSHOT_LOGS", default_value_t = 50_000)]
+    snapshot_logs: u64,
+    /// Log entries kept behind a snapshot.
+    #[arg(long, env = "DELAYD_KEEP_LOGS", default_value_t = 10_000)]
+    keep_logs: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "DELAYD_LOG_JSON")]
     log_json: bool,
@@ -45,12 +65,20 @@ async fn main() -> anyhow::Result<()> {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
 
+    let initial_members = delayd_server::config::parse_members(&args.peers)
+        .map_err(|e| anyhow::anyhow!("--peers: {e}"))?;
     let config = Config {
         node_id: args.node_id,
+        grpc_addr: args.grpc_addr,
+        advertise_addr: args.advertise_addr,
+        initial_members,
+        join: args.join,
         data_dir: args.data_dir,
         http_addr: args.http_addr,
         max_body_bytes: args.max_body_bytes,
         request_timeout: Duration::from_millis(args.request_timeout_ms),
+        snapshot_logs: args.snapshot_logs,
+        keep_logs: args.keep_logs,
         ..Config::default()
     };
     let listener = tokio::net::TcpListener::bind(config.http_addr)

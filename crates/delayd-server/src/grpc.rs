@@ -1,0 +1,121 @@
+//! # The Raft transport, server side: the node's internal gRPC services
+//!
+//! Every node serves two services from `proto/raft.proto` on its internal address (the
+//! address its peers know as `BasicNode::addr`):
+//!
+//! - `Raft` hands openraft's messages to the local [`Raft`] node: each request payload is
+//!   openraft's own request and each reply payload is the node's whole
+//!   `Result<Response, RaftError>`, both in [`delayd_core::codec`]'s encoding (see
+//!   [`network`](crate::network) for the client side and how errors are mapped). A payload
+//!   that cannot be decoded is answered with `INVALID_ARGUMENT`; that and transport failures
+//!   are the only gRPC errors.
+//! - `Internal.Forward` passes opaque payloads to a [`ForwardHandler`], which the service
+//!   implements: followers use it to send client operations to the leader.
+//!
+//! The gRPC deadline a caller sends is enforced by tonic: a handler whose caller gave up is
+//! dropped. Dropping openraft's `append_entries` or `vote` only discards the reply, but a
+//! snapshot chunk runs in its own task so a caller's deadline never stops a snapshot halfway
+//! through being written or installed.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use delayd_core::codec::{decode, encode};
+use delayd_proto::raft::internal_server::{Internal, InternalServer};
+use delayd_proto::raft::raft_server::RaftServer;
+use delayd_proto::raft::{RaftReply, RaftRequest};
+use delayd_store::Raft;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tonic::transport::server::{Router, TcpIncoming};
+use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+use crate::network::MAX_MESSAGE_BYTES;
+
+/// Handles `Internal.Forward` calls: what a forwarded payload means is the service's business.
+#[tonic::async_trait]
+pub trait ForwardHandler: Send + Sync + 'static {
+    /// Handles one forwarded request and returns the reply payload. An error status is sent
+    /// to the caller as is.
+    async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, Status>;
+}
+
+/// The node's internal gRPC services (`Raft` and `Internal`), ready to serve.
+pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
+    let raft = RaftServer::new(RaftService { raft })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let internal = InternalServer::new(InternalService { handler: forward })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    Server::builder().add_service(raft).add_service(internal)
+}
+
+/// Serves the node's internal gRPC services on `listener` until `shutdown` completes, then
+/// stops accepting connections and waits for calls in flight.
+pub async fn serve(
+    listener: TcpListener,
+    raft: Raft,
+    forward: Arc<dyn ForwardHandler>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    router(raft, forward).serve_with_incoming_shutdown(incoming, shutdown).await
+}
+
+/// The `Raft` service over the local node.
+struct RaftService {
+    raft: Raft,
+}
+
+fn decode_request<T: DeserializeOwned>(request: Request<RaftRequest>) -> Result<T, Status> {
+    decode(&request.into_inner().payload)
+        .map_err(|e| Status::invalid_argument(format!("undecodable Raft request: {e}")))
+}
+
+fn reply<T: Serialize>(result: &T) -> Response<RaftReply> {
+    Response::new(RaftReply { payload: encode(result) })
+}
+
+#[tonic::async_trait]
+impl delayd_proto::raft::raft_server::Raft for RaftService {
+    async fn append_entries(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let rpc = decode_request(request)?;
+        Ok(reply(&self.raft.append_entries(rpc).await))
+    }
+
+    async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let rpc = decode_request(request)?;
+        Ok(reply(&self.raft.vote(rpc).await))
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let rpc = decode_request(request)?;
+        let raft = self.raft.clone();
+        let result = tokio::spawn(async move { raft.install_snapshot(rpc).await })
+            .await
+            .map_err(|e| Status::internal(format!("snapshot chunk task failed: {e}")))?;
+        Ok(reply(&result))
+    }
+}
+
+/// The `Internal` service over the service's [`ForwardHandler`].
+struct InternalService {
+    handler: Arc<dyn ForwardHandler>,
+}
+
+#[tonic::async_trait]
+impl Internal for InternalService {
+    async fn forward(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let payload = self.handler.forward(request.into_inner().payload).await?;
+        Ok(Response::new(RaftReply { payload }))
+    }
+}
