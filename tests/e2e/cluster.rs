@@ -1,0 +1,318 @@
+//! Three (and four) real `delayd` processes on loopback: forwarding, failover, isolation,
+//! membership changes and snapshots. After every scenario all nodes must report the same
+//! applied index and state digest.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use base64::Engine;
+use delayd_tests::{eventually, now_ms, Api, Cluster};
+use serde_json::Value;
+
+fn s(v: &Value, field: &str) -> Result<String> {
+    v[field].as_str().map(str::to_string).with_context(|| format!("no {field} in {v}"))
+}
+
+fn n(v: &Value, field: &str) -> Result<u64> {
+    v[field].as_u64().with_context(|| format!("no {field} in {v}"))
+}
+
+fn body_of(job: &Value) -> Result<String> {
+    let data = base64::engine::general_purpose::STANDARD.decode(s(job, "data")?)?;
+    Ok(String::from_utf8(data)?)
+}
+
+/// Reserves (count up to 10, long-poll) and acks until `want` jobs of `queue` were received
+/// or `within` passes; returns `(job_id, body, received_at_ms, due_at_ms)` per delivery.
+async fn drain(
+    apis: Vec<Api>,
+    queue: &str,
+    want: usize,
+    within: Duration,
+) -> Result<Vec<(String, String, u64, u64)>> {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let deadline = Instant::now() + within;
+    let mut tasks = Vec::new();
+    for (i, api) in apis.into_iter().cycle().take(6).enumerate() {
+        let (got, queue) = (got.clone(), queue.to_string());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                if got.lock().map(|g: std::sync::MutexGuard<'_, Vec<_>>| g.len()).unwrap_or(0)
+                    >= want
+                {
+                    break;
+                }
+                let Ok((st, r)) =
+                    api.get(&format!("/api/t/{queue}?count=10&timeout=1&ttr=60")).await
+                else {
+                    continue; // a node being killed; the others carry on
+                };
+                if st != 200 {
+                    continue;
+                }
+                let now = now_ms();
+                for job in r.as_array().cloned().unwrap_or_default() {
+                    let id = s(&job, "job_id")?;
+                    let lease = s(&job, "lease")?;
+                    got.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push((
+                        id.clone(),
+                        body_of(&job)?,
+                        now,
+                        n(&job, "due_at_ms")?,
+                    ));
+                    let (st, _) =
+                        api.delete(&format!("/api/t/{queue}/job/{id}?lease={lease}")).await?;
+                    ensure!(st == 204, "consumer {i}: ack of {id} answered {st}");
+                }
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let got = got.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+    Ok(got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thousand_jobs_through_followers_are_delivered_exactly_once() -> Result<()> {
+    let cluster = Cluster::start(3, &[]).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+
+    let mut publishers = Vec::new();
+    for p in 0..16 {
+        let api = cluster.api(followers[p % 2]);
+        publishers.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in (p..1000).step_by(16) {
+                let delay = if i % 5 == 0 { "delay_ms=200" } else { "delay=0" };
+                let (st, r) = api.put(&format!("/api/t/once?{delay}"), format!("job-{i}")).await?;
+                ensure!(st == 201, "publish {i} through a follower: {st} {r}");
+                ids.push(s(&r, "job_id")?);
+            }
+            Ok::<_, anyhow::Error>(ids)
+        }));
+    }
+    let mut published = BTreeSet::new();
+    for p in publishers {
+        published.extend(p.await??);
+    }
+    ensure!(published.len() == 1000);
+
+    let apis = (0..3).map(|i| cluster.api(i)).collect();
+    let got = drain(apis, "once", 1000, Duration::from_secs(60)).await?;
+    let mut per_body: BTreeMap<String, usize> = BTreeMap::new();
+    for (id, body, received, due) in &got {
+        ensure!(published.contains(id), "unexpected job {id}");
+        ensure!(received >= due, "job {id} delivered {} ms early", due - received);
+        *per_body.entry(body.clone()).or_default() += 1;
+    }
+    ensure!(per_body.len() == 1000, "{} distinct jobs delivered", per_body.len());
+    ensure!(per_body.values().all(|c| *c == 1), "a job was delivered twice");
+    cluster.converged(&[0, 1, 2], Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_kill9_loses_nothing_and_respects_leases() -> Result<()> {
+    let mut cluster = Cluster::start(3, &[]).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let follower = (0..3).find(|i| *i != leader).context("no follower")?;
+    let api = cluster.api(follower);
+
+    // A job reserved before the failover, with a 4 s ttr: nobody else may get it before its
+    // lease deadline, failover or not.
+    let (st, _) = api.put("/api/t/leased?tries=2", "held").await?;
+    ensure!(st == 201);
+    let (st, held) = api.get("/api/t/leased?ttr=4").await?;
+    ensure!(st == 200, "reserve: {st} {held}");
+    let lease_deadline = n(&held, "lease_deadline_ms")?;
+
+    // Delayed jobs that come due while there is no leader.
+    let mut delayed = BTreeSet::new();
+    for i in 0..20 {
+        let (st, r) = api.put("/api/t/fail?delay_ms=1500", format!("delayed-{i}")).await?;
+        ensure!(st == 201);
+        delayed.insert(s(&r, "job_id")?);
+    }
+
+    // Load through both followers while the leader dies.
+    let acked = Arc::new(Mutex::new(BTreeSet::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for i in (0..3).filter(|i| *i != leader) {
+        let api = Api::with_timeout(&cluster.nodes[i].url, Duration::from_secs(8))?;
+        let (acked, stop) = (acked.clone(), stop.clone());
+        load.push(tokio::spawn(async move {
+            let mut k = 0;
+            while !stop.load(Ordering::Relaxed) {
+                k += 1;
+                if let Ok((201, r)) = api.put("/api/t/fail", format!("load-{i}-{k}")).await {
+                    if let Ok(id) = s(&r, "job_id") {
+                        acked.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.insert(id);
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // let some load land first
+    let killed_at = Instant::now();
+    cluster.nodes[leader].kill9()?;
+
+    // Failover: the first publish that succeeds after the kill.
+    let survivor = Api::with_timeout(&cluster.nodes[follower].url, Duration::from_secs(8))?;
+    let failover = eventually(Duration::from_secs(15), || async {
+        match survivor.put("/api/t/probe", "probe").await {
+            Ok((201, _)) => Ok(Some(killed_at.elapsed())),
+            _ => Ok(None),
+        }
+    })
+    .await?;
+    println!("failover: leader kill -9 → first successful publish in {failover:?}");
+    ensure!(failover < Duration::from_secs(10), "failover took {failover:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await; // load on the new leader too
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await??;
+    }
+
+    // Everything acknowledged, and every delayed job, is delivered by the survivors.
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let expected: BTreeSet<String> =
+        acked.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.union(&delayed).cloned().collect();
+    let apis: Vec<Api> = survivors.iter().map(|i| cluster.api(*i)).collect();
+    let got = drain(apis.clone(), "fail", expected.len(), Duration::from_secs(30)).await?;
+    let got_ids: BTreeSet<String> = got.iter().map(|g| g.0.clone()).collect();
+    let lost: Vec<&String> = expected.difference(&got_ids).collect();
+    ensure!(lost.is_empty(), "{} acknowledged jobs lost, e.g. {:?}", lost.len(), lost.first());
+    for (id, _, received, due) in &got {
+        ensure!(received >= due, "job {id} delivered early");
+    }
+
+    // The held job comes back only once its lease has run out.
+    let again = drain(apis, "leased", 1, Duration::from_secs(15)).await?;
+    ensure!(again.len() == 1, "the held job was not redelivered after its ttr");
+    ensure!(
+        again[0].2 >= lease_deadline,
+        "held job redelivered {} ms before its lease ended",
+        lease_deadline - again[0].2
+    );
+
+    // The killed node comes back and catches up.
+    cluster.nodes[leader] = cluster.nodes[leader].restart().await?;
+    cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_isolated_leader_serves_nothing_and_the_majority_carries_on() -> Result<()> {
+    let cluster = Cluster::start(3, &[]).await?;
+    let old = cluster.leader(Duration::from_secs(10)).await?;
+    let (st, _) = cluster.api(old).put("/api/t/iso?delay=0", "before").await?;
+    ensure!(st == 201);
+
+    cluster.nodes[old].signal("STOP")?;
+    let cut_off = Api::with_timeout(&cluster.nodes[old].url, Duration::from_secs(2))?;
+    ensure!(
+        cut_off.put("/api/t/iso", "to-the-isolated").await.is_err(),
+        "the isolated node answered a write"
+    );
+    ensure!(cut_off.get("/api/t/iso").await.is_err(), "the isolated node handed out a job");
+
+    let majority: Vec<usize> = (0..3).filter(|i| *i != old).collect();
+    let new = cluster.leader_among(&majority, Duration::from_secs(15)).await?;
+    ensure!(new != old);
+    let api = cluster.api(majority[0]);
+    let (st, r) = api.put("/api/t/iso", "during").await?;
+    ensure!(st == 201, "majority publish: {st} {r}");
+    let got = drain(
+        majority.iter().map(|i| cluster.api(*i)).collect(),
+        "iso",
+        2,
+        Duration::from_secs(10),
+    )
+    .await?;
+    let bodies: BTreeSet<String> = got.iter().map(|g| g.1.clone()).collect();
+    ensure!(bodies == BTreeSet::from(["before".to_string(), "during".to_string()]), "{bodies:?}");
+
+    cluster.nodes[old].signal("CONT")?;
+    cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
+    let (_, h) = cluster.api(old).get("/health").await?;
+    ensure!(
+        s(&h, "state")? != "Leader" || n(&h, "node_id")? == cluster.nodes[new].id,
+        "two leaders: {h}"
+    );
+    // The healed node serves again, through forwarding.
+    let (st, _) = cluster.api(old).put("/api/t/iso", "after").await?;
+    ensure!(st == 201);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_node_catches_up_by_snapshot_then_the_leader_is_removed() -> Result<()> {
+    let flags = ["--snapshot-logs", "64", "--keep-logs", "8"];
+    let mut cluster = Cluster::start(3, &flags).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let api = cluster.api(leader);
+    for i in 0..200 {
+        let (st, _) = api.put(&format!("/api/t/snap?delay=3600&key=k{i}"), format!("v{i}")).await?;
+        ensure!(st == 201);
+    }
+    // The leader snapshots and purges its log behind the snapshot.
+    eventually(Duration::from_secs(10), || async {
+        let (_, c) = cluster.api(leader).get("/admin/cluster").await?;
+        let me = c["nodes"]
+            .as_array()
+            .and_then(|ns| ns.iter().find(|x| x["id"] == c["leader"]).cloned());
+        Ok(me.filter(|m| m["purged"].as_u64().is_some_and(|p| p > 0)).map(|_| ()))
+    })
+    .await?;
+
+    // A fourth node joins through a follower's admin API; it can only catch up by snapshot.
+    let joiner = cluster.spawn_joiner(4, &flags).await?;
+    let follower = (0..3).find(|i| *i != leader).context("no follower")?;
+    let (st, r) =
+        cluster.api(follower).post(&format!("/admin/nodes?id=4&addr={}", joiner.grpc)).await?;
+    ensure!(st == 200, "add learner: {st} {r}");
+    cluster.nodes.push(joiner);
+    cluster.converged(&[0, 1, 2, 3], Duration::from_secs(20)).await?;
+    let (_, c) = cluster.api(3).get("/admin/cluster").await?;
+    let four = c["nodes"]
+        .as_array()
+        .and_then(|ns| ns.iter().find(|x| x["id"] == 4).cloned())
+        .context("node 4")?;
+    ensure!(four["snapshot"].as_u64().is_some(), "node 4 did not install a snapshot: {four}");
+    ensure!(four["role"] == "learner");
+
+    let (st, r) = cluster.api(3).post("/admin/nodes/4/promote").await?;
+    ensure!(st == 200 && r["voters"].as_array().map(Vec::len) == Some(4), "promote: {st} {r}");
+    let (st, _) = cluster.api(3).put("/api/t/snap", "after-promote").await?;
+    ensure!(st == 201);
+
+    // Remove the leader itself; the other three elect a new one and keep serving.
+    let old_id = cluster.nodes[leader].id;
+    let (st, r) = cluster.api(follower).delete(&format!("/admin/nodes/{old_id}")).await?;
+    ensure!(
+        st == 200 && r["voters"].as_array().map(Vec::len) == Some(3),
+        "remove leader: {st} {r}"
+    );
+    let rest: Vec<usize> = (0..4).filter(|i| *i != leader).collect();
+    // Followers remember the old leader until they elect a new one.
+    let new = eventually(Duration::from_secs(15), || async {
+        let l = cluster.leader_among(&rest, Duration::from_secs(2)).await?;
+        Ok((cluster.nodes[l].id != old_id).then_some(l))
+    })
+    .await?;
+    println!("removed leader {old_id}; new leader {}", cluster.nodes[new].id);
+    let (st, _) = cluster.api(rest[0]).put("/api/t/snap", "after-remove").await?;
+    ensure!(st == 201);
+    let d = cluster.converged(&rest, Duration::from_secs(20)).await?;
+    ensure!(n(&d, "entries")? > 200, "{d}");
+    Ok(())
+}
