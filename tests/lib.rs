@@ -29,8 +29,21 @@ pub fn delayd_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// A free loopback port (the OS picks it; we release it for the child to bind).
+/// A free loopback port for a child process to bind.
+///
+/// Ports come from below Linux's ephemeral range (32768+), so the OS never hands one of them
+/// to an outgoing connection between our check and the child's bind; a per-process counter
+/// keeps concurrent tests apart, and each candidate is checked by binding it.
 pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 100) as u16 * 120;
+    for _ in 0..120 {
+        let port = base + NEXT.fetch_add(1, Ordering::Relaxed) % 120;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

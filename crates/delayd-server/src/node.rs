@@ -205,6 +205,11 @@ impl Node {
         }
     }
 
+    /// Whether this node currently leads.
+    pub fn is_leader(&self) -> bool {
+        self.inner.raft.metrics().borrow().current_leader == Some(self.inner.config.node_id)
+    }
+
     fn leader(&self) -> Option<(u64, Option<String>)> {
         let m = self.inner.raft.metrics().borrow().clone();
         let leader = m.current_leader?;

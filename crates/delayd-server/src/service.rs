@@ -306,9 +306,11 @@ impl Node {
             for w in &mut woken {
                 w.as_mut().enable();
             }
-            // Only propose when the local replica shows something to take: an empty
-            // reserve would cost a log entry and an fsync on every poll.
-            let ready = self.read(true, |v| {
+            // Only propose when the replica shows something to take: an empty reserve would
+            // cost a log entry and an fsync on every poll. The leader has applied every write
+            // it acknowledged; a follower first catches up (read index), so a job published
+            // through any node is seen by the next reserve.
+            let ready = self.read(self.is_leader(), |v| {
                 for q in &queues {
                     let meta = query::queue_meta(v, q)?;
                     if !meta.paused && meta.count(delayd_core::JobState::Ready) > 0 {
