@@ -51,7 +51,12 @@ fn raft_config(c: &Config) -> Result<openraft::Config, ServiceError> {
         heartbeat_interval: 150,
         election_timeout_min: 750,
         election_timeout_max: 1500,
-        install_snapshot_timeout: 10_000,
+        // openraft answers the last snapshot chunk only after installing the whole snapshot,
+        // so this bounds the install, not one chunk: a 1M-job install takes seconds.
+        install_snapshot_timeout: 120_000,
+        // Each AppendEntries must be received, decoded and fsynced within one heartbeat
+        // interval; a catching-up follower gets small batches rather than timing out forever.
+        max_payload_entries: 32,
         snapshot_max_chunk_size: 4 * 1024 * 1024,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(c.snapshot_logs),
         max_in_snapshot_log_to_keep: c.keep_logs,
