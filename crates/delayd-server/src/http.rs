@@ -76,6 +76,40 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
     }
 }
 
+/// `/api/{ns}/{q}/...`: a checked queue name.
+struct QueueRef(QueueName);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueueRef {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) =
+            Path::<HashMap<String, String>>::from_request_parts(parts, state).await?;
+        let part = |k: &str| params.get(k).map_or("", String::as_str);
+        Ok(QueueRef(queue_name(part("ns"), part("q"))?))
+    }
+}
+
+/// `/api/{ns}/{q}/key/{key}`: the key (the queue comes from [`QueueRef`]).
+#[derive(serde::Deserialize)]
+struct KeyPath {
+    key: String,
+}
+
+/// `/api/{ns}/{q}/job/{id}`: a checked queue name and a parsed job id.
+struct JobRef(QueueName, delayd_core::JobId);
+
+impl<S: Send + Sync> FromRequestParts<S> for JobRef {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(params) =
+            Path::<HashMap<String, String>>::from_request_parts(parts, state).await?;
+        let part = |k: &str| params.get(k).map_or("", String::as_str);
+        Ok(JobRef(queue_name(part("ns"), part("q"))?, job_id(part("id"))?))
+    }
+}
+
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(ServiceError::BadRequest(msg.into()))
 }
@@ -263,17 +297,15 @@ async fn health(State(node): State<Node>) -> Response {
 }
 
 type QueuePath = Path<(String, String)>;
-type JobPath = Path<(String, String, String)>;
 type Q = Query<HashMap<String, String>>;
 
 async fn publish(
     State(node): State<Node>,
-    Path((ns, q)): QueuePath,
+    QueueRef(queue): QueueRef,
     Query(params): Q,
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     let p = Params(params).publish(&headers)?;
     let data = body(raw, node.config().max_body_bytes)?;
     let r = node.publish(queue, &p, data).await?;
@@ -291,12 +323,11 @@ fn published(r: crate::service::Published) -> Response {
 
 async fn bulk(
     State(node): State<Node>,
-    Path((ns, q)): QueuePath,
+    QueueRef(queue): QueueRef,
     Query(params): Q,
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     let p = Params(params).publish(&headers)?;
     let limit = node.config().max_body_bytes.saturating_mul(MAX_BULK);
     let data = body(raw, limit)?;
@@ -311,13 +342,12 @@ async fn bulk(
 
 async fn republish(
     State(node): State<Node>,
-    Path((ns, q, id)): JobPath,
+    JobRef(queue, id): JobRef,
     Query(params): Q,
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
-    let old = job_id(&id)?;
+    let old = id;
     let p = Params(params).publish(&headers)?;
     let data = body(raw, node.config().max_body_bytes)?;
     Ok(published(node.republish(queue, old, &p, data).await?))
@@ -359,20 +389,16 @@ async fn reserve(
     Ok(Json(delivery_json(&got[0], now)).into_response())
 }
 
-async fn ack(State(node): State<Node>, Path((ns, q, id)): JobPath, Query(params): Q) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
-    let id = job_id(&id)?;
+async fn ack(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params): Q) -> ApiResult {
     node.ack(queue, id, Params(params).lease()?).await?;
     Ok(no_content())
 }
 
 async fn release(
     State(node): State<Node>,
-    Path((ns, q, id)): JobPath,
+    JobRef(queue, id): JobRef,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
-    let id = job_id(&id)?;
     let p = Params(params);
     let delay_ms = match p.due()? {
         None => 0,
@@ -383,13 +409,7 @@ async fn release(
     Ok(Json(job_json(&job, now_ms())).into_response())
 }
 
-async fn touch(
-    State(node): State<Node>,
-    Path((ns, q, id)): JobPath,
-    Query(params): Q,
-) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
-    let id = job_id(&id)?;
+async fn touch(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params): Q) -> ApiResult {
     let p = Params(params);
     let ttr_ms = match (p.num::<u64>("ttr")?, p.num::<u64>("ttr_ms")?) {
         (Some(_), Some(_)) => return Err(bad("give only one of ttr and ttr_ms")),
@@ -400,21 +420,17 @@ async fn touch(
     Ok(Json(job_json(&job, now_ms())).into_response())
 }
 
-async fn bury(State(node): State<Node>, Path((ns, q, id)): JobPath, Query(params): Q) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
-    let id = job_id(&id)?;
+async fn bury(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params): Q) -> ApiResult {
     let job = node.bury(queue, id, Params(params).lease()?).await?;
     Ok(Json(job_json(&job, now_ms())).into_response())
 }
 
 async fn update(
     State(node): State<Node>,
-    Path((ns, q, id)): JobPath,
+    JobRef(queue, id): JobRef,
     Query(params): Q,
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
-    let id = job_id(&id)?;
     let p = Params(params);
     let data = body(raw, node.config().max_body_bytes)?;
     let due = p.due()?;
@@ -433,11 +449,9 @@ fn stale(p: &Params) -> Result<bool, ApiError> {
 
 async fn peek_job(
     State(node): State<Node>,
-    Path((ns, q, id)): JobPath,
+    JobRef(queue, id): JobRef,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
-    let id = job_id(&id)?;
     match node.job(&queue, id, stale(&Params(params))?).await? {
         Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
         None => Err(ApiError(ServiceError::NotFound("job not found".into()))),
@@ -446,46 +460,47 @@ async fn peek_job(
 
 async fn by_key(
     State(node): State<Node>,
-    Path((ns, q, key)): JobPath,
+    QueueRef(queue): QueueRef,
+    Path(KeyPath { key, .. }): Path<KeyPath>,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     match node.job_by_key(&queue, &key, stale(&Params(params))?).await? {
         Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
         None => Err(ApiError(ServiceError::NotFound("job not found".into()))),
     }
 }
 
-async fn cancel_key(State(node): State<Node>, Path((ns, q, key)): JobPath) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
+async fn cancel_key(
+    State(node): State<Node>,
+    QueueRef(queue): QueueRef,
+    Path(KeyPath { key, .. }): Path<KeyPath>,
+) -> ApiResult {
     node.cancel(queue, Target::Key(key)).await?;
     Ok(no_content())
 }
 
-async fn peek(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
+async fn peek(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
     match node.peek(&queue, stale(&Params(params))?).await? {
         Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
         None => Err(ApiError(ServiceError::NotFound("the queue is empty".into()))),
     }
 }
 
-async fn size(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
+async fn size(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
     let meta = node.queue_meta(&queue, stale(&Params(params))?).await?;
     let size = meta.count(delayd_core::JobState::Ready);
-    Ok(Json(json!({"namespace": ns, "queue": q, "size": size})).into_response())
+    Ok(Json(json!({"namespace": queue.namespace, "queue": queue.queue, "size": size}))
+        .into_response())
 }
 
-async fn stats(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
+async fn stats(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
     let s = node.stats(&queue, stale(&Params(params))?).await?;
     let hist: Vec<Value> =
         s.due_histogram.iter().map(|(le, n)| json!({"le_ms": le, "count": n})).collect();
     let c = s.meta.counts;
     Ok(Json(json!({
-        "namespace": ns,
-        "queue": q,
+        "namespace": queue.namespace,
+        "queue": queue.queue,
         "paused": s.meta.paused,
         "delayed": c[0], "ready": c[1], "reserved": c[2], "dead": c[3],
         "head_age_ms": s.head_age_ms,
@@ -494,46 +509,44 @@ async fn stats(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params)
     .into_response())
 }
 
-async fn pause(State(node): State<Node>, Path((ns, q)): QueuePath) -> ApiResult {
-    node.set_paused(queue_name(&ns, &q)?, true).await?;
+async fn pause(State(node): State<Node>, QueueRef(queue): QueueRef) -> ApiResult {
+    node.set_paused(queue, true).await?;
     Ok(no_content())
 }
 
-async fn resume(State(node): State<Node>, Path((ns, q)): QueuePath) -> ApiResult {
-    node.set_paused(queue_name(&ns, &q)?, false).await?;
+async fn resume(State(node): State<Node>, QueueRef(queue): QueueRef) -> ApiResult {
+    node.set_paused(queue, false).await?;
     Ok(no_content())
 }
 
 async fn destroy(
     State(node): State<Node>,
-    Path((ns, q)): QueuePath,
+    QueueRef(queue): QueueRef,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     node.destroy(queue, Params(params).flag("all")?).await?;
     Ok(no_content())
 }
 
 async fn dead_head(
     State(node): State<Node>,
-    Path((ns, q)): QueuePath,
+    QueueRef(queue): QueueRef,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     let (size, jobs) = node.dead_letter(&queue, 1, stale(&Params(params))?).await?;
     let head = jobs.first().map_or(String::new(), |j| j.id.to_string());
-    Ok(Json(json!({"namespace": ns, "queue": q, "deadletter_size": size, "deadletter_head": head}))
+    Ok(Json(json!({"namespace": queue.namespace, "queue": queue.queue, "deadletter_size": size, "deadletter_head": head}))
         .into_response())
 }
 
 async fn dead_size(
     State(node): State<Node>,
-    Path((ns, q)): QueuePath,
+    QueueRef(queue): QueueRef,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     let (size, _) = node.dead_letter(&queue, 0, stale(&Params(params))?).await?;
-    Ok(Json(json!({"namespace": ns, "queue": q, "size": size})).into_response())
+    Ok(Json(json!({"namespace": queue.namespace, "queue": queue.queue, "size": size}))
+        .into_response())
 }
 
 fn limit(p: &Params, max: u32) -> Result<u32, ApiError> {
@@ -546,10 +559,9 @@ fn limit(p: &Params, max: u32) -> Result<u32, ApiError> {
 
 async fn dead_jobs(
     State(node): State<Node>,
-    Path((ns, q)): QueuePath,
+    QueueRef(queue): QueueRef,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     let p = Params(params);
     let n = match p.num::<u32>("limit")? {
         None => 10,
@@ -559,15 +571,17 @@ async fn dead_jobs(
     let (size, jobs) = node.dead_letter(&queue, n as usize, stale(&p)?).await?;
     let now = now_ms();
     let jobs: Vec<Value> = jobs.iter().map(|j| job_json(j, now)).collect();
-    Ok(Json(json!({"namespace": ns, "queue": q, "size": size, "jobs": jobs})).into_response())
+    Ok(Json(
+        json!({"namespace": queue.namespace, "queue": queue.queue, "size": size, "jobs": jobs}),
+    )
+    .into_response())
 }
 
 async fn respawn(
     State(node): State<Node>,
-    Path((ns, q)): QueuePath,
+    QueueRef(queue): QueueRef,
     Query(params): Q,
 ) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
     let p = Params(params);
     let n = limit(&p, 10_000)?;
     let ttl_ms = match p.num::<u64>("ttl")? {
@@ -579,8 +593,7 @@ async fn respawn(
     Ok(Json(json!({"msg": "respawned", "count": count})).into_response())
 }
 
-async fn purge(State(node): State<Node>, Path((ns, q)): QueuePath, Query(params): Q) -> ApiResult {
-    let queue = queue_name(&ns, &q)?;
+async fn purge(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
     let n = limit(&Params(params), 10_000)?;
     node.purge(queue, n).await?;
     Ok(no_content())
