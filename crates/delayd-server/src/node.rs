@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use delayd_core::{codec, Cf, Command, KvRead, Outcome};
 use delayd_store::{Raft, StateReader, Store};
-use openraft::error::{CheckIsLeaderError, InitializeError, RaftError};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -452,15 +452,14 @@ enum Try {
     Done(Result<ForwardReply, ServiceError>),
 }
 
-fn membership_error<E: std::fmt::Display>(e: RaftError<u64, E>) -> ServiceError {
+fn membership_error(e: RaftError<u64, ClientWriteError<u64, BasicNode>>) -> ServiceError {
     match e {
-        RaftError::APIError(e) => {
-            let msg = e.to_string();
-            if msg.contains("forward request to") || msg.contains("ForwardToLeader") {
-                ServiceError::NotLeader(None)
-            } else {
-                ServiceError::BadRequest(msg)
-            }
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            ServiceError::NotLeader(f.leader_id)
+        }
+        // An invalid change (unknown learner, a change already in progress, ...).
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ServiceError::BadRequest(e.to_string())
         }
         RaftError::Fatal(f) => ServiceError::Unavailable(f.to_string()),
     }
