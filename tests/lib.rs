@@ -352,3 +352,13 @@ impl Cluster {
         .await
     }
 }
+
+/// A string field of a JSON answer, or an error naming it.
+pub fn s(v: &Value, field: &str) -> Result<String> {
+    v[field].as_str().map(str::to_string).with_context(|| format!("no {field} in {v}"))
+}
+
+/// An integer field of a JSON answer, or an error naming it.
+pub fn n(v: &Value, field: &str) -> Result<u64> {
+    v[field].as_u64().with_context(|| format!("no {field} in {v}"))
+}

@@ -9,16 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use base64::Engine;
-use delayd_tests::{eventually, now_ms, Api, Cluster};
+use delayd_tests::{eventually, n, now_ms, s, Api, Cluster};
 use serde_json::Value;
-
-fn s(v: &Value, field: &str) -> Result<String> {
-    v[field].as_str().map(str::to_string).with_context(|| format!("no {field} in {v}"))
-}
-
-fn n(v: &Value, field: &str) -> Result<u64> {
-    v[field].as_u64().with_context(|| format!("no {field} in {v}"))
-}
 
 fn body_of(job: &Value) -> Result<String> {
     let data = base64::engine::general_purpose::STANDARD.decode(s(job, "data")?)?;

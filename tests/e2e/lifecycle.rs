@@ -3,18 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use base64::Engine;
-use delayd_tests::{eventually, now_ms, Api, Server};
-use serde_json::Value;
-
-fn s(v: &Value, field: &str) -> Result<String> {
-    v[field].as_str().map(str::to_string).with_context(|| format!("no {field} in {v}"))
-}
-
-fn n(v: &Value, field: &str) -> Result<u64> {
-    v[field].as_u64().with_context(|| format!("no {field} in {v}"))
-}
+use delayd_tests::{eventually, n, now_ms, s, Api, Server};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_through_ttr_dead_letter_respawn_and_kill9() -> Result<()> {
