@@ -443,6 +443,13 @@ async fn update(
     Ok(Json(job_json(&job, now_ms())).into_response())
 }
 
+fn job_or_404(job: Option<Job>, missing: &str) -> ApiResult {
+    match job {
+        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
+        None => Err(ApiError(ServiceError::NotFound(missing.into()))),
+    }
+}
+
 fn stale(p: &Params) -> Result<bool, ApiError> {
     p.flag("stale")
 }
@@ -452,10 +459,7 @@ async fn peek_job(
     JobRef(queue, id): JobRef,
     Query(params): Q,
 ) -> ApiResult {
-    match node.job(&queue, id, stale(&Params(params))?).await? {
-        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
-        None => Err(ApiError(ServiceError::NotFound("job not found".into()))),
-    }
+    job_or_404(node.job(&queue, id, stale(&Params(params))?).await?, "job not found")
 }
 
 async fn by_key(
@@ -464,10 +468,7 @@ async fn by_key(
     Path(KeyPath { key, .. }): Path<KeyPath>,
     Query(params): Q,
 ) -> ApiResult {
-    match node.job_by_key(&queue, &key, stale(&Params(params))?).await? {
-        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
-        None => Err(ApiError(ServiceError::NotFound("job not found".into()))),
-    }
+    job_or_404(node.job_by_key(&queue, &key, stale(&Params(params))?).await?, "job not found")
 }
 
 async fn cancel_key(
@@ -480,10 +481,7 @@ async fn cancel_key(
 }
 
 async fn peek(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
-    match node.peek(&queue, stale(&Params(params))?).await? {
-        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
-        None => Err(ApiError(ServiceError::NotFound("the queue is empty".into()))),
-    }
+    job_or_404(node.peek(&queue, stale(&Params(params))?).await?, "the queue is empty")
 }
 
 async fn size(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {

@@ -216,7 +216,9 @@ impl Node {
     }
 
     fn leader(&self) -> Option<(u64, Option<String>)> {
-        let m = self.inner.raft.metrics().borrow().clone();
+        // On every forwarded request: borrow the metrics, don't clone them.
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
         let leader = m.current_leader?;
         let addr = m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone());
         Some((leader, addr))

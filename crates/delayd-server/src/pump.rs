@@ -58,7 +58,7 @@ pub async fn run(
         if !leader {
             signal.planned_ms.store(u64::MAX, Ordering::Release);
             tokio::select! {
-                r = metrics.changed() => if r.is_err() { return },
+                r = metrics.wait_for(|m| m.state == ServerState::Leader) => if r.is_err() { return },
                 _ = shutdown.changed() => {}
             }
             continue;
@@ -98,7 +98,8 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = signal.notify.notified() => {}
-            r = metrics.changed() => if r.is_err() { return },
+            // Metrics change with every applied entry; only losing leadership matters here.
+            r = metrics.wait_for(|m| m.state != ServerState::Leader) => if r.is_err() { return },
             _ = shutdown.changed() => {}
         }
     }

@@ -122,6 +122,14 @@ fn reply(outcome: Outcome) -> Result<Reply, ServiceError> {
     outcome.map_err(ServiceError::from)
 }
 
+fn published(r: Reply) -> Result<Published, ServiceError> {
+    match r {
+        Reply::Published { id } => Ok(Published { id, existed: false }),
+        Reply::Exists { id } => Ok(Published { id, existed: true }),
+        r => Err(unexpected(r)),
+    }
+}
+
 fn unexpected(r: Reply) -> ServiceError {
     ServiceError::Internal(format!("unexpected reply {r:?}"))
 }
@@ -217,11 +225,7 @@ impl Node {
     ) -> Result<Published, ServiceError> {
         self.check_publish(params, &body)?;
         let job = Self::new_job(params, body);
-        match self.write_one(Command::Publish { queue, job }).await? {
-            Reply::Published { id } => Ok(Published { id, existed: false }),
-            Reply::Exists { id } => Ok(Published { id, existed: true }),
-            r => Err(unexpected(r)),
-        }
+        published(self.write_one(Command::Publish { queue, job }).await?)
     }
 
     /// Publishes 1..=64 jobs in one entry: all or none.
@@ -266,11 +270,7 @@ impl Node {
     ) -> Result<Published, ServiceError> {
         self.check_publish(params, &body)?;
         let job = Self::new_job(params, body);
-        match self.write_one(Command::Republish { queue, old, job }).await? {
-            Reply::Published { id } => Ok(Published { id, existed: false }),
-            Reply::Exists { id } => Ok(Published { id, existed: true }),
-            r => Err(unexpected(r)),
-        }
+        published(self.write_one(Command::Republish { queue, old, job }).await?)
     }
 
     /// Reserves up to `count` jobs from the queues in order, waiting up to `wait` for one.
