@@ -36,6 +36,9 @@ pub struct Config {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot, for followers that are only a little behind.
     pub keep_logs: u64,
+    /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
+    /// it to inject clock skew; never enable it in production.
+    pub debug_clock: bool,
 }
 
 impl Default for Config {
@@ -54,6 +57,7 @@ impl Default for Config {
             tick_limit: 1024,
             snapshot_logs: 50_000,
             keep_logs: 10_000,
+            debug_clock: false,
         }
     }
 }

@@ -22,7 +22,6 @@ use serde_json::{json, Value};
 
 use crate::error::ServiceError;
 use crate::node::Node;
-use crate::propose::now_ms;
 use crate::service::{job_id, queue_name, PublishParams, MAX_BULK};
 
 /// The one place where service errors become HTTP statuses.
@@ -253,7 +252,8 @@ fn no_content() -> Response {
 pub fn router(node: Node) -> Router {
     let limit = node.config().max_body_bytes;
     let bulk_limit = limit.saturating_mul(MAX_BULK).saturating_add(64 * 1024);
-    Router::new()
+    let debug = node.config().debug_clock;
+    let router = Router::new()
         .route("/health", get(health))
         .merge(crate::admin::routes())
         .route("/api/{ns}/{q}", put(publish).get(reserve).delete(destroy))
@@ -269,7 +269,10 @@ pub fn router(node: Node) -> Router {
         .route("/api/{ns}/{q}/pause", put(pause).delete(resume))
         .route("/api/{ns}/{q}/deadletter", get(dead_head).put(respawn).delete(purge))
         .route("/api/{ns}/{q}/deadletter/size", get(dead_size))
-        .route("/api/{ns}/{q}/deadletter/jobs", get(dead_jobs))
+        .route("/api/{ns}/{q}/deadletter/jobs", get(dead_jobs));
+    let router =
+        if debug { router.route("/debug/clock", get(clock).put(set_clock)) } else { router };
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -294,6 +297,28 @@ async fn health(State(node): State<Node>) -> Response {
         "last_applied": m.last_applied.map(|l| l.index),
     }))
     .into_response()
+}
+
+/// `GET /debug/clock`: this node's clock and its offset from the wall clock.
+async fn clock(State(node): State<Node>) -> Response {
+    let clock = node.clock();
+    Json(json!({"offset_ms": clock.offset_ms(), "now_ms": clock.now_ms()})).into_response()
+}
+
+/// `PUT /debug/clock?offset_ms=N`: shift this node's wall clock by N ms (negative: behind).
+/// Only routed with `--debug-clock`.
+async fn set_clock(State(node): State<Node>, Query(p): Q) -> ApiResult {
+    let offset: i64 = match p.get("offset_ms") {
+        None => return Err(bad("offset_ms is required")),
+        Some(v) => v.parse().map_err(|_| bad("offset_ms must be an integer (ms)"))?,
+    };
+    // A day either way is far more skew than any test needs, and keeps the arithmetic safe.
+    if offset.unsigned_abs() > 86_400_000 {
+        return Err(bad("offset_ms must be within ±86400000"));
+    }
+    node.clock().set_offset_ms(offset);
+    tracing::warn!(offset_ms = offset, "debug clock offset set");
+    Ok(Json(json!({"offset_ms": offset, "now_ms": node.clock().now_ms()})).into_response())
 }
 
 type QueuePath = Path<(String, String)>;
@@ -380,7 +405,7 @@ async fn reserve(
             (StatusCode::NOT_FOUND, Json(json!({"msg": "no job available"}))).into_response()
         );
     }
-    let now = now_ms();
+    let now = node.clock().now_ms();
     // lmstfy answers one object for count=1 and an array when more were asked for.
     if count > 1 {
         let all: Vec<Value> = got.iter().map(|d| delivery_json(d, now)).collect();
@@ -406,7 +431,7 @@ async fn release(
         Some(Due::At(_)) => return Err(bad("release takes delay or delay_ms, not at")),
     };
     let job = node.release(queue, id, p.lease()?, delay_ms, p.num("priority")?).await?;
-    Ok(Json(job_json(&job, now_ms())).into_response())
+    Ok(Json(job_json(&job, node.clock().now_ms())).into_response())
 }
 
 async fn touch(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params): Q) -> ApiResult {
@@ -417,12 +442,12 @@ async fn touch(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params
         (s, ms) => s.map(|s| s.saturating_mul(1000)).or(ms),
     };
     let job = node.touch(queue, id, p.lease()?, ttr_ms).await?;
-    Ok(Json(job_json(&job, now_ms())).into_response())
+    Ok(Json(job_json(&job, node.clock().now_ms())).into_response())
 }
 
 async fn bury(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params): Q) -> ApiResult {
     let job = node.bury(queue, id, Params(params).lease()?).await?;
-    Ok(Json(job_json(&job, now_ms())).into_response())
+    Ok(Json(job_json(&job, node.clock().now_ms())).into_response())
 }
 
 async fn update(
@@ -440,12 +465,12 @@ async fn update(
         return Err(bad("nothing to update: give delay, delay_ms, at, priority or a body"));
     }
     let job = node.update(queue, Target::Id(id), due, new_body, priority).await?;
-    Ok(Json(job_json(&job, now_ms())).into_response())
+    Ok(Json(job_json(&job, node.clock().now_ms())).into_response())
 }
 
-fn job_or_404(job: Option<Job>, missing: &str) -> ApiResult {
+fn job_or_404(node: &Node, job: Option<Job>, missing: &str) -> ApiResult {
     match job {
-        Some(job) => Ok(Json(job_json(&job, now_ms())).into_response()),
+        Some(job) => Ok(Json(job_json(&job, node.clock().now_ms())).into_response()),
         None => Err(ApiError(ServiceError::NotFound(missing.into()))),
     }
 }
@@ -459,7 +484,7 @@ async fn peek_job(
     JobRef(queue, id): JobRef,
     Query(params): Q,
 ) -> ApiResult {
-    job_or_404(node.job(&queue, id, stale(&Params(params))?).await?, "job not found")
+    job_or_404(&node, node.job(&queue, id, stale(&Params(params))?).await?, "job not found")
 }
 
 async fn by_key(
@@ -468,7 +493,11 @@ async fn by_key(
     Path(KeyPath { key, .. }): Path<KeyPath>,
     Query(params): Q,
 ) -> ApiResult {
-    job_or_404(node.job_by_key(&queue, &key, stale(&Params(params))?).await?, "job not found")
+    job_or_404(
+        &node,
+        node.job_by_key(&queue, &key, stale(&Params(params))?).await?,
+        "job not found",
+    )
 }
 
 async fn cancel_key(
@@ -481,7 +510,7 @@ async fn cancel_key(
 }
 
 async fn peek(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
-    job_or_404(node.peek(&queue, stale(&Params(params))?).await?, "the queue is empty")
+    job_or_404(&node, node.peek(&queue, stale(&Params(params))?).await?, "the queue is empty")
 }
 
 async fn size(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
@@ -567,7 +596,7 @@ async fn dead_jobs(
         Some(_) => return Err(bad("limit must be 1 to 1000")),
     };
     let (size, jobs) = node.dead_letter(&queue, n as usize, stale(&p)?).await?;
-    let now = now_ms();
+    let now = node.clock().now_ms();
     let jobs: Vec<Value> = jobs.iter().map(|j| job_json(j, now)).collect();
     Ok(Json(
         json!({"namespace": queue.namespace, "queue": queue.queue, "size": size, "jobs": jobs}),

@@ -16,6 +16,7 @@
 //! Errors are mapped to HTTP status codes in exactly one place, [`http::error`].
 
 pub mod admin;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod forward;

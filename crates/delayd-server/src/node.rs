@@ -19,6 +19,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ServiceError;
 use crate::forward::{ForwardOp, ForwardReply, NodeStatus, WireError};
@@ -34,6 +35,7 @@ pub struct Node {
 }
 
 pub(crate) struct Inner {
+    pub(crate) clock: Clock,
     pub(crate) config: Config,
     pub(crate) raft: Raft,
     pub(crate) reader: StateReader,
@@ -123,13 +125,15 @@ impl Node {
             }));
         }
 
-        let proposer = Proposer::spawn(raft.clone(), config.max_batch);
+        let clock = Clock::default();
+        let proposer = Proposer::spawn(raft.clone(), clock.clone(), config.max_batch);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
             config,
             raft: raft.clone(),
             reader: reader.clone(),
             proposer: proposer.clone(),
+            clock: clock.clone(),
             waiters: waiters.clone(),
             network,
             shutdown,
@@ -155,6 +159,7 @@ impl Node {
             inner.raft.clone(),
             reader,
             proposer,
+            clock,
             signal,
             inner.config.tick_limit,
             shutdown_rx,
@@ -195,6 +200,11 @@ impl Node {
     /// The node's configuration.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The node's wall clock (the one that stamps entries when this node leads).
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
     }
 
     /// The openraft handle (for metrics and administration).

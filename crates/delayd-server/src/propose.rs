@@ -5,20 +5,13 @@
 //! proposes whatever has queued up as one [`Entry`] and, while that entry is being replicated,
 //! lets the next batch gather. The batch is stamped with the leader's clock here, once.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use delayd_core::{Command, Entry, Outcome};
 use delayd_store::Raft;
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::clock::Clock;
 use crate::error::ServiceError;
-
-/// The leader's wall clock in unix ms. The state machine never lets replicated time run
-/// backwards, whatever this returns after a failover.
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 struct Pending {
     commands: Vec<Command>,
@@ -32,10 +25,11 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the proposer over `raft`, packing at most `max_batch` commands per entry.
-    pub fn spawn(raft: Raft, max_batch: usize) -> Self {
+    /// Starts the proposer over `raft`, packing at most `max_batch` commands per entry and
+    /// stamping each entry with `clock`.
+    pub fn spawn(raft: Raft, clock: Clock, max_batch: usize) -> Self {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(raft, rx, max_batch.max(1)));
+        tokio::spawn(run(raft, clock, rx, max_batch.max(1)));
         Proposer { tx }
     }
 
@@ -59,7 +53,7 @@ impl Proposer {
     }
 }
 
-async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
+async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
     while let Some(first) = rx.recv().await {
         let mut size = first.commands.len();
         let mut batch = vec![first];
@@ -80,7 +74,7 @@ async fn run(raft: Raft, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
             commands.extend(p.commands);
             replies.push(p.reply);
         }
-        let entry = Entry { now_ms: now_ms(), commands };
+        let entry = Entry { now_ms: clock.now_ms(), commands };
         match raft.client_write(entry).await {
             Ok(resp) => {
                 let mut outcomes = resp.data.into_iter();

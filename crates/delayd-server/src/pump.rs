@@ -9,13 +9,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use delayd_core::{query, Command, Reply};
 use delayd_store::{Raft, StateReader};
 use openraft::ServerState;
 use tokio::sync::{watch, Notify};
 
+use crate::clock::Clock;
 use crate::propose::Proposer;
 
 /// Shared between the pump and the apply listener.
@@ -36,15 +37,12 @@ impl PumpSignal {
     }
 }
 
-fn now_us() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
-}
-
 /// Runs the pump until `shutdown` flips to true.
 pub async fn run(
     raft: Raft,
     reader: StateReader,
     proposer: Proposer,
+    clock: Clock,
     signal: Arc<PumpSignal>,
     tick_limit: u32,
     mut shutdown: watch::Receiver<bool>,
@@ -73,7 +71,7 @@ pub async fn run(
                 continue;
             }
         };
-        let now = now_us();
+        let now = clock.now_us();
         if let Some(deadline) = next {
             if deadline * 1000 <= now {
                 match proposer.propose_one(Command::Tick { limit: tick_limit }).await {

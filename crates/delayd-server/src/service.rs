@@ -20,7 +20,6 @@ use tokio::time::Instant;
 
 use crate::error::ServiceError;
 use crate::node::Node;
-use crate::propose::now_ms;
 
 /// Most attributes a job may carry.
 pub const MAX_ATTRIBUTES: usize = 16;
@@ -508,7 +507,7 @@ impl Node {
 
     /// Counts, head age and the upcoming-due histogram.
     pub async fn stats(&self, queue: &QueueName, stale: bool) -> Result<Stats, ServiceError> {
-        let now = now_ms();
+        let now = self.clock().now_ms();
         self.read(stale, |v| {
             let meta = query::queue_meta(v, queue)?;
             let head_age_ms = query::peek_ready(v, queue)?.map(|j| now.saturating_sub(j.due_ms));

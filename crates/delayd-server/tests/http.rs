@@ -877,3 +877,55 @@ async fn bad_requests_are_refused_and_write_nothing() {
     assert_eq!(t.size(Q).await, 6);
     t.stop().await;
 }
+
+// ---- test-only clock hook ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debug_clock_exists_only_with_its_flag() {
+    let t = TestNode::start().await;
+    let (status, _) = t.get("/debug/clock").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = t.put("/debug/clock?offset_ms=5000", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shifted_clock_stamps_due_times_and_drives_the_pump() {
+    let t = TestNode::start_with(Config { debug_clock: true, ..Config::default() }).await;
+    for bad_uri in [
+        "/debug/clock",
+        "/debug/clock?offset_ms=soon",
+        "/debug/clock?offset_ms=86400001",
+        "/debug/clock?offset_ms=-86400001",
+    ] {
+        let (status, v) = t.put(bad_uri, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad_uri}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("offset_ms"), "{v}");
+    }
+
+    const HOUR: u64 = 3_600_000;
+    let (status, v) = t.put(&format!("/debug/clock?offset_ms={HOUR}"), "").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let (_, v) = t.get("/debug/clock").await;
+    assert_eq!(v["offset_ms"], HOUR);
+    assert!(v["now_ms"].as_u64().unwrap() >= wall_ms() + HOUR - 1_000, "{v}");
+
+    // The entry is stamped an hour ahead, and the pump, on the same clock, still delivers
+    // one second later in real time: neither early nor an hour late.
+    let before = wall_ms();
+    let (status, v) = t.put(&format!("{Q}?delay_ms=1000"), "skewed").await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["job_id"].as_str().unwrap().to_string();
+    let (_, job) = t.get(&format!("/api/ns/q/job/{id}")).await;
+    let due = job["due_at_ms"].as_u64().unwrap();
+    assert!(due >= before + HOUR + 1_000 && due <= wall_ms() + HOUR + 1_000, "{job}");
+    let got = t.reserve(&format!("{Q}?timeout=5")).await;
+    assert_eq!(got["job_id"], id);
+    let waited = wall_ms() - before;
+    assert!((1_000..4_000).contains(&waited), "delivered after {waited} ms");
+
+    let (status, v) = t.put("/debug/clock?offset_ms=0", "").await;
+    assert_eq!((status, v["offset_ms"].as_i64()), (StatusCode::OK, Some(0)));
+    t.stop().await;
+}

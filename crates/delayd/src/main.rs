@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::builder::BoolishValueParser;
 use clap::Parser;
 use delayd_server::{http, Config, Node};
 use tracing_subscriber::EnvFilter;
@@ -35,7 +36,7 @@ struct Args {
     #[arg(long, env = "DELAYD_PEERS", default_value = "")]
     peers: String,
     /// Start empty and wait to be added through the admin API of a running cluster.
-    #[arg(long, env = "DELAYD_JOIN")]
+    #[arg(long, env = "DELAYD_JOIN", value_parser = BoolishValueParser::new())]
     join: bool,
     /// Largest job body accepted, in bytes.
     #[arg(long, env = "DELAYD_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
@@ -50,8 +51,12 @@ struct Args {
     #[arg(long, env = "DELAYD_KEEP_LOGS", default_value_t = 10_000)]
     keep_logs: u64,
     /// Log as JSON lines instead of text.
-    #[arg(long, env = "DELAYD_LOG_JSON")]
+    #[arg(long, env = "DELAYD_LOG_JSON", value_parser = BoolishValueParser::new())]
     log_json: bool,
+    /// Test-only: serve `/debug/clock` to shift this node's wall clock (chaos testing).
+    /// Never in production.
+    #[arg(long, env = "DELAYD_DEBUG_CLOCK", value_parser = BoolishValueParser::new())]
+    debug_clock: bool,
 }
 
 #[tokio::main]
@@ -62,7 +67,9 @@ async fn main() -> anyhow::Result<()> {
     if args.log_json {
         tracing_subscriber::fmt().json().with_env_filter(filter).init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        // Colours only on a terminal: log files and `docker logs` stay plain text.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        tracing_subscriber::fmt().with_ansi(ansi).with_env_filter(filter).init();
     }
 
     let initial_members = delayd_server::config::parse_members(&args.peers)
@@ -79,11 +86,15 @@ async fn main() -> anyhow::Result<()> {
         request_timeout: Duration::from_millis(args.request_timeout_ms),
         snapshot_logs: args.snapshot_logs,
         keep_logs: args.keep_logs,
+        debug_clock: args.debug_clock,
         ..Config::default()
     };
     let listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.http_addr))?;
+    if config.debug_clock {
+        tracing::warn!("--debug-clock: /debug/clock can shift this node's clock; test use only");
+    }
     let node = Node::start(config).await.context("cannot start the node")?;
     tracing::info!(addr = %listener.local_addr()?, "serving HTTP");
 
