@@ -100,7 +100,8 @@ struct Seen<'a> {
 /// into the nodes plus a margin; it applies to (b) and (c).
 pub fn check(history: &[Op], tolerance_ms: u64) -> Report {
     let mut report = Report::default();
-    let mut publishes: BTreeMap<&str, &Op> = BTreeMap::new();
+    // A keyed publish's body is its key, so several publishes can share one body.
+    let mut publishes: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     let mut seen: Vec<Seen<'_>> = Vec::new();
     let mut dead: BTreeSet<&str> = BTreeSet::new();
     let mut acks: BTreeMap<&str, Vec<(&Op, &str)>> = BTreeMap::new();
@@ -110,7 +111,7 @@ pub fn check(history: &[Op], tolerance_ms: u64) -> Report {
     for op in history {
         match &op.call {
             Call::Publish { body, key, job_id, .. } => {
-                publishes.insert(body, op);
+                publishes.entry(body).or_default().push(op);
                 if op.outcome == Outcome::Ok {
                     report.published_ok += 1;
                     if let (Some(k), Some(id)) = (key, job_id) {
@@ -134,7 +135,9 @@ pub fn check(history: &[Op], tolerance_ms: u64) -> Report {
             Call::Ack { job_id, lease } if op.outcome == Outcome::Ok => {
                 acks.entry(job_id).or_default().push((op, lease));
             }
-            Call::Release { job_id, lease } if op.outcome == Outcome::Ok => {
+            // A release with an unknown outcome may have happened: it excuses an early
+            // second delivery just as a confirmed one does.
+            Call::Release { job_id, lease } if op.outcome != Outcome::Fail => {
                 releases.entry(job_id).or_default().push((op, lease));
             }
             Call::DeadLetter { bodies } if op.outcome == Outcome::Ok => {
@@ -146,27 +149,36 @@ pub fn check(history: &[Op], tolerance_ms: u64) -> Report {
 
     // (a) lost, unexpected, recovered.
     let delivered: BTreeSet<&str> = seen.iter().map(|s| s.body).collect();
-    for (body, op) in &publishes {
+    for (body, ops) in &publishes {
         let out = delivered.contains(body) || dead.contains(body);
-        match op.outcome {
-            Outcome::Ok if !out => report.anomalies.push(Anomaly::Lost { body: body.to_string() }),
-            Outcome::Unknown if out => report.recovered += 1,
-            _ => {}
+        let acked = ops.iter().any(|op| op.outcome == Outcome::Ok);
+        let maybe = ops.iter().any(|op| op.outcome == Outcome::Unknown);
+        if acked && !out {
+            report.anomalies.push(Anomaly::Lost { body: body.to_string() });
+        } else if !acked && maybe && out {
+            report.recovered += 1;
         }
     }
     for body in delivered.iter().chain(dead.iter()) {
-        let possible = publishes.get(body).is_some_and(|op| op.outcome != Outcome::Fail);
+        let possible =
+            publishes.get(body).is_some_and(|ops| ops.iter().any(|op| op.outcome != Outcome::Fail));
         if !possible {
             report.anomalies.push(Anomaly::Unexpected { body: body.to_string() });
         }
     }
 
     // (b) early delivery: the reserve answered before the job could have been due.
+    // Of several publishes of one body, any that may have happened may have created the job:
+    // the earliest of their due times is the bound.
     for s in &seen {
-        if let Some(Op { invoke_ms, call: Call::Publish { delay_ms, .. }, .. }) =
-            publishes.get(s.body).copied()
-        {
-            let earliest = (invoke_ms + delay_ms).saturating_sub(tolerance_ms);
+        let due = publishes.get(s.body).into_iter().flatten().filter_map(|op| match &op.call {
+            Call::Publish { delay_ms, .. } if op.outcome != Outcome::Fail => {
+                Some(op.invoke_ms + delay_ms)
+            }
+            _ => None,
+        });
+        if let Some(due) = due.min() {
+            let earliest = due.saturating_sub(tolerance_ms);
             if s.complete_ms < earliest {
                 report.anomalies.push(Anomaly::Early {
                     body: s.body.to_string(),
@@ -403,6 +415,50 @@ mod tests {
         let mut k = kinds(&check(&h, 0));
         k.sort();
         assert_eq!(k, vec!["acked_dead", "after_ack"]);
+    }
+
+    #[test]
+    fn a_keyed_body_published_many_times_is_judged_once() {
+        let keyed = |t, delay_ms, outcome| {
+            let call = Call::Publish {
+                body: "k1".into(),
+                delay_ms,
+                key: Some("k1".into()),
+                job_id: (outcome == Outcome::Ok).then(|| "j1".into()),
+            };
+            op(1, t, t + 1, outcome, call)
+        };
+        // The unknown first publish created the job (due at 100); the later, acknowledged one
+        // answered "exists". Delivery at 150 is on time for the first and not lost.
+        let h = vec![
+            keyed(0, 100, Outcome::Unknown),
+            keyed(50, 500, Outcome::Ok),
+            reserve(148, 1000, &[("j1", "k1", 1, "l1")]),
+        ];
+        let r = check(&h, 0);
+        assert!(r.anomalies.is_empty(), "{:?}", r.anomalies);
+        // Not delivered at all: the acknowledged publish is lost.
+        assert_eq!(kinds(&check(&h[..2], 0)), vec!["lost"]);
+        // Delivered before even the earliest publish could have come due: early.
+        let early = vec![h[0].clone(), h[1].clone(), reserve(40, 1000, &[("j1", "k1", 1, "l1")])];
+        assert_eq!(kinds(&check(&early, 0)), vec!["early"]);
+    }
+
+    #[test]
+    fn an_unknown_release_excuses_an_early_redelivery_but_a_failed_one_does_not() {
+        let release = |outcome| {
+            op(2, 20, 22, outcome, Call::Release { job_id: "j1".into(), lease: "l1".into() })
+        };
+        let h = |outcome| {
+            vec![
+                publish(0, "b1", 0, "j1", Outcome::Ok),
+                reserve(10, 1000, &[("j1", "b1", 1, "l1")]),
+                release(outcome),
+                reserve(30, 1000, &[("j1", "b1", 2, "l2")]),
+            ]
+        };
+        assert!(check(&h(Outcome::Unknown), 0).anomalies.is_empty());
+        assert_eq!(kinds(&check(&h(Outcome::Fail), 0)), vec!["lease_overlap"]);
     }
 
     #[test]

@@ -1,0 +1,152 @@
+//! `delayd-jepsen`: run chaos tests against a three-node delayd cluster.
+//!
+//! ```text
+//! delayd-jepsen                          # CI mode, docker backend, random seed
+//! delayd-jepsen --seed 42                # the same plan again
+//! delayd-jepsen --long --time-limit 900 --test-count 2
+//! delayd-jepsen --backend local          # local processes (netns partitions when root)
+//! delayd-jepsen check RUN_DIR            # re-check a recorded history
+//! ```
+//!
+//! Exit code: 0 every run valid, 1 an anomaly was found, 2 a run could not be judged.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use delayd_jepsen::run::{self, BackendKind, Options, Verdict};
+
+/// Chaos tests for delayd: a seeded workload under a nemesis, checked afterwards.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Where the cluster runs.
+    #[arg(long, value_enum, default_value = "docker")]
+    backend: BackendKind,
+    /// The seed of the first run (default: random, printed first). Later runs of
+    /// `--test-count` use seed+1, seed+2, ...
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Long mode: every fault kind, membership changes included, at random for the whole
+    /// time limit. Without it: CI mode, each fault kind once (about two minutes of faults).
+    #[arg(long)]
+    long: bool,
+    /// Seconds of workload per run (CI mode: at most).
+    #[arg(long, default_value_t = 600)]
+    time_limit: u64,
+    /// How many runs.
+    #[arg(long, default_value_t = 1)]
+    test_count: u32,
+    /// Directory for the runs' files.
+    #[arg(long, default_value = "jepsen/runs")]
+    out: PathBuf,
+    /// The delayd binary (local backend).
+    #[arg(long, default_value = "target/debug/delayd")]
+    bin: PathBuf,
+    /// Seconds allowed for recovery and drain before a run counts as unknown.
+    #[arg(long, default_value_t = 90)]
+    drain_limit: u64,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Re-check a run directory's history.jsonl and faults.json without running anything.
+    Check {
+        /// A run directory (the one holding history.jsonl).
+        dir: PathBuf,
+        /// Early/lease tolerance in ms (default: the plan's largest clock offset + 10).
+        #[arg(long)]
+        tolerance_ms: Option<u64>,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let code = match &args.command {
+        Some(Command::Check { dir, tolerance_ms }) => match recheck(dir, *tolerance_ms) {
+            Ok(v) => v.exit_code(),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                2
+            }
+        },
+        None => runs(&args).await,
+    };
+    std::process::exit(code);
+}
+
+async fn runs(args: &Args) -> i32 {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let opts = Options {
+        backend: args.backend,
+        long: args.long,
+        time_limit: Duration::from_secs(args.time_limit),
+        out: args.out.clone(),
+        repo,
+        bin: args.bin.clone(),
+        drain_limit: Duration::from_secs(args.drain_limit),
+    };
+    let first = args.seed.unwrap_or_else(rand::random);
+    let mut worst = Verdict::Valid;
+    for i in 0..args.test_count.max(1) {
+        let seed = first.wrapping_add(i.into());
+        // A hard bound on the whole run: workload, recovery, drain, convergence and files.
+        let limit = opts.time_limit + opts.drain_limit + Duration::from_secs(180);
+        let verdict = tokio::select! {
+            r = tokio::time::timeout(limit, run::run_once(&opts, seed)) => match r {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => {
+                    eprintln!("seed {seed}: run failed: {e:#}");
+                    Verdict::Unknown
+                }
+                Err(_) => {
+                    eprintln!("seed {seed}: run exceeded its hard limit of {}s", limit.as_secs());
+                    Verdict::Unknown
+                }
+            },
+            // Dropping the run future drops its teardown guard: containers, processes and
+            // namespaces go away before we exit.
+            _ = interrupted() => {
+                eprintln!("interrupted; torn down");
+                return 2;
+            }
+        };
+        worst = worst.max(verdict);
+    }
+    worst.exit_code()
+}
+
+async fn interrupted() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+fn recheck(dir: &std::path::Path, tolerance_ms: Option<u64>) -> anyhow::Result<Verdict> {
+    use anyhow::Context;
+    let text = std::fs::read_to_string(dir.join("history.jsonl")).context("history.jsonl")?;
+    let history = delayd_jepsen::history::parse(&text)?;
+    let tolerance_ms = match tolerance_ms {
+        Some(t) => t,
+        None => {
+            let plan: delayd_jepsen::plan::Plan =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json"))?)?;
+            plan.max_offset_ms + 10
+        }
+    };
+    let report = delayd_jepsen::checker::check(&history, tolerance_ms);
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(if report.anomalies.is_empty() { Verdict::Valid } else { Verdict::Invalid })
+}
