@@ -19,7 +19,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::client::{Answer, Client, Recorder};
-use crate::history::Call;
+use crate::history::{Call, Outcome};
 use crate::plan::WorkloadPlan;
 
 /// Shared by every worker of a run.
@@ -63,6 +63,7 @@ async fn producer(worker: u32, seed: u64, plan: WorkloadPlan, shared: Arc<Shared
     let mut rng = StdRng::seed_from_u64(seed);
     let mut process = shared.new_process();
     let mut seq = 0u64;
+    let mut node = rng.random_range(0..shared.client.len());
     while shared.running() {
         seq += 1;
         let queue = &plan.queues[rng.random_range(0..plan.queues.len())];
@@ -78,7 +79,6 @@ async fn producer(worker: u32, seed: u64, plan: WorkloadPlan, shared: Arc<Shared
             Some(k) => k.clone(),
             None => format!("p{worker}-{seq}"),
         };
-        let node = rng.random_range(0..shared.client.len());
         let invoke = shared.recorder.now_ms();
         let answer =
             shared.client.publish(node, queue, &body, delay_ms, key.as_deref(), plan.tries).await;
@@ -93,9 +93,10 @@ async fn producer(worker: u32, seed: u64, plan: WorkloadPlan, shared: Arc<Shared
             outcome,
             Call::Publish { body, delay_ms, key, job_id },
         );
-        if outcome == crate::history::Outcome::Unknown {
+        if outcome == Outcome::Unknown {
             process = shared.new_process();
         }
+        node = next_node(&mut rng, node, outcome, shared.client.len());
         // Think time keeps the history a size people can look at, and the consumers ahead of
         // the producers, so lateness measures the server rather than a backlog.
         tokio::time::sleep(Duration::from_millis(rng.random_range(10..50))).await;
@@ -108,9 +109,9 @@ pub async fn consumer(seed: u64, plan: WorkloadPlan, shared: Arc<Shared>, drain:
     let mut rng = StdRng::seed_from_u64(seed);
     let mut process = shared.new_process();
     let queues = plan.queues.join(",");
+    let mut node = rng.random_range(0..shared.client.len());
     while shared.running() {
         let ttr_ms = if drain { 10_000 } else { rng.random_range(500..3_000) };
-        let node = rng.random_range(0..shared.client.len());
         let invoke = shared.recorder.now_ms();
         let answer = shared.client.reserve(node, &queues, ttr_ms, 1).await;
         let outcome = answer.outcome();
@@ -120,11 +121,12 @@ pub async fn consumer(seed: u64, plan: WorkloadPlan, shared: Arc<Shared>, drain:
         };
         let delivered = got.iter().map(|(_, d)| d.clone()).collect();
         shared.recorder.record(process, invoke, outcome, Call::Reserve { ttr_ms, got: delivered });
-        if outcome == crate::history::Outcome::Unknown {
+        if outcome == Outcome::Unknown {
             process = shared.new_process();
         }
+        node = next_node(&mut rng, node, outcome, shared.client.len());
         let Some((queue, d)) = got else {
-            if outcome != crate::history::Outcome::Ok {
+            if outcome != Outcome::Ok {
                 // The node is down or cut off; don't spin on it.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -132,10 +134,11 @@ pub async fn consumer(seed: u64, plan: WorkloadPlan, shared: Arc<Shared>, drain:
         };
 
         let roll: f64 = if drain { 0.0 } else { rng.random() };
-        let node = rng.random_range(0..shared.client.len());
         if roll < 0.60 {
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
-            process = ack(&shared, process, node, &queue, &d.job_id, &d.lease).await;
+            let outcome;
+            (process, outcome) = ack(&shared, process, node, &queue, &d.job_id, &d.lease).await;
+            node = next_node(&mut rng, node, outcome, shared.client.len());
         } else if roll < 0.75 {
             let delay_ms = rng.random_range(0..1_000);
             let invoke = shared.recorder.now_ms();
@@ -143,9 +146,10 @@ pub async fn consumer(seed: u64, plan: WorkloadPlan, shared: Arc<Shared>, drain:
             let outcome = answer.outcome();
             let call = Call::Release { job_id: d.job_id.clone(), lease: d.lease.clone() };
             shared.recorder.record(process, invoke, outcome, call);
-            if outcome == crate::history::Outcome::Unknown {
+            if outcome == Outcome::Unknown {
                 process = shared.new_process();
             }
+            node = next_node(&mut rng, node, outcome, shared.client.len());
         } else if roll < 0.85 {
             // Crash: the job is abandoned mid-work; its lease must run out and it comes back.
             process = shared.new_process();
@@ -164,6 +168,22 @@ pub async fn consumer(seed: u64, plan: WorkloadPlan, shared: Arc<Shared>, drain:
     }
 }
 
+/// The node for a worker's next operation. A worker sticks to its node, as a real client
+/// holds a connection, and moves to the next one when an operation there did not succeed,
+/// so a dead or cut-off node costs each worker one timeout rather than a third of all its
+/// operations. Now and then it moves anyway, to spread the load over every node.
+fn next_node(rng: &mut StdRng, node: usize, outcome: Outcome, nodes: usize) -> usize {
+    let nodes = nodes.max(1);
+    if outcome != Outcome::Ok {
+        (node + 1) % nodes
+    } else if rng.random_bool(0.05) {
+        rng.random_range(0..nodes)
+    } else {
+        node
+    }
+}
+
+/// Acks and records it; returns the process id to go on with and the outcome.
 async fn ack(
     shared: &Shared,
     process: u64,
@@ -171,15 +191,12 @@ async fn ack(
     queue: &str,
     job: &str,
     lease: &str,
-) -> u64 {
+) -> (u64, Outcome) {
     let invoke = shared.recorder.now_ms();
     let answer = shared.client.ack(node, queue, job, lease).await;
     let outcome = answer.outcome();
     let call = Call::Ack { job_id: job.to_string(), lease: lease.to_string() };
     shared.recorder.record(process, invoke, outcome, call);
-    if outcome == crate::history::Outcome::Unknown {
-        shared.new_process()
-    } else {
-        process
-    }
+    let process = if outcome == Outcome::Unknown { shared.new_process() } else { process };
+    (process, outcome)
 }
