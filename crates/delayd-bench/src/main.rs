@@ -1,0 +1,3 @@
+//! delayd-bench (being written).
+
+fn main() {}
