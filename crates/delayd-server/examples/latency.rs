@@ -47,10 +47,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let jobs = arg("--jobs", 5000);
     let clients = arg("--clients", 64);
     let timer_jobs = arg("--timer-jobs", 2000);
+    let in_flight = arg("--in-flight", Config::default().max_in_flight);
     let dir = tempfile::tempdir()?;
     let node = Node::start(Config {
         data_dir: dir.path().to_path_buf(),
         grpc_addr: "127.0.0.1:0".parse()?,
+        max_in_flight: in_flight,
         ..Config::default()
     })
     .await?;

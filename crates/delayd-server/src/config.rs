@@ -30,6 +30,9 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Most commands packed into one log entry.
     pub max_batch: usize,
+    /// Most log entries the proposer keeps in flight at once (pipelining; 1 = one round
+    /// trip to the quorum per entry).
+    pub max_in_flight: usize,
     /// Most deadlines one tick fires.
     pub tick_limit: u32,
     /// Build a snapshot after this many log entries.
@@ -54,6 +57,7 @@ impl Default for Config {
             max_body_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(5),
             max_batch: 512,
+            max_in_flight: 1,
             tick_limit: 1024,
             snapshot_logs: 50_000,
             keep_logs: 10_000,
@@ -90,8 +94,8 @@ impl Config {
         if self.join && !self.initial_members.is_empty() {
             return Err("--join and --peers exclude each other".into());
         }
-        if self.max_batch == 0 || self.tick_limit == 0 {
-            return Err("max batch and tick limit must be positive".into());
+        if self.max_batch == 0 || self.tick_limit == 0 || self.max_in_flight == 0 {
+            return Err("max batch, max in flight and tick limit must be positive".into());
         }
         Ok(())
     }

@@ -126,7 +126,8 @@ impl Node {
         }
 
         let clock = Clock::default();
-        let proposer = Proposer::spawn(raft.clone(), clock.clone(), config.max_batch);
+        let proposer =
+            Proposer::spawn(raft.clone(), clock.clone(), config.max_batch, config.max_in_flight);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
             config,

@@ -4,11 +4,21 @@
 //! throughput at the fsync rate. Instead every request hands its commands to this task, which
 //! proposes whatever has queued up as one [`Entry`] and, while that entry is being replicated,
 //! lets the next batch gather. The batch is stamped with the leader's clock here, once.
+//!
+//! Up to `max_in_flight` entries are in flight at once: while one waits for its fsync and
+//! the followers' acknowledgements, the next is already appended and sent, so a round trip
+//! to the quorum no longer bounds throughput to one batch per round trip. When every slot is
+//! busy, requests keep queueing and the next entry carries them all. Requests that are in
+//! flight together come from different clients (each waits for its own answer), so the
+//! order in which their entries reach the log is theirs to race for; replicated time never
+//! runs backwards whatever the stamps' order.
 
 use delayd_core::{Command, Entry, Outcome};
 use delayd_store::Raft;
 use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::clock::Clock;
 use crate::error::ServiceError;
@@ -25,11 +35,12 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the proposer over `raft`, packing at most `max_batch` commands per entry and
-    /// stamping each entry with `clock`.
-    pub fn spawn(raft: Raft, clock: Clock, max_batch: usize) -> Self {
+    /// Starts the proposer over `raft`, packing at most `max_batch` commands per entry,
+    /// keeping at most `max_in_flight` entries in flight, and stamping each entry with
+    /// `clock`.
+    pub fn spawn(raft: Raft, clock: Clock, max_batch: usize, max_in_flight: usize) -> Self {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(raft, clock, rx, max_batch.max(1)));
+        tokio::spawn(run(raft, clock, rx, max_batch.max(1), max_in_flight.max(1)));
         Proposer { tx }
     }
 
@@ -53,8 +64,19 @@ impl Proposer {
     }
 }
 
-async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, max_batch: usize) {
-    while let Some(first) = rx.recv().await {
+async fn run(
+    raft: Raft,
+    clock: Clock,
+    mut rx: mpsc::Receiver<Pending>,
+    max_batch: usize,
+    max_in_flight: usize,
+) {
+    let slots = Arc::new(Semaphore::new(max_in_flight));
+    loop {
+        // A slot first, then the requests: whatever queues while all slots are busy goes
+        // into the next entry together.
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let Some(first) = rx.recv().await else { return };
         let mut size = first.commands.len();
         let mut batch = vec![first];
         while size < max_batch {
@@ -75,20 +97,24 @@ async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, max_batc
             replies.push(p.reply);
         }
         let entry = Entry { now_ms: clock.now_ms(), commands };
-        match raft.client_write(entry).await {
-            Ok(resp) => {
-                let mut outcomes = resp.data.into_iter();
-                for (len, reply) in lens.into_iter().zip(replies) {
-                    let _ = reply.send(Ok(outcomes.by_ref().take(len).collect()));
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            match raft.client_write(entry).await {
+                Ok(resp) => {
+                    let mut outcomes = resp.data.into_iter();
+                    for (len, reply) in lens.into_iter().zip(replies) {
+                        let _ = reply.send(Ok(outcomes.by_ref().take(len).collect()));
+                    }
+                }
+                Err(e) => {
+                    let err = write_error(e);
+                    for reply in replies {
+                        let _ = reply.send(Err(clone_error(&err)));
+                    }
                 }
             }
-            Err(e) => {
-                let err = write_error(e);
-                for reply in replies {
-                    let _ = reply.send(Err(clone_error(&err)));
-                }
-            }
-        }
+            drop(slot);
+        });
     }
 }
 

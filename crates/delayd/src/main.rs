@@ -125,3 +125,30 @@ async fn shutdown_signal() {
     }
     tracing::info!("shutting down");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the chaos harness: `DELAYD_DEBUG_CLOCK=1` made the node exit at start,
+    /// because clap's plain boolean flags accept only `true`/`false` from the environment.
+    #[test]
+    fn boolean_flags_accept_the_usual_spellings_from_the_environment() {
+        // The only test in this binary that touches these variables, so setting them is safe.
+        for (value, expected) in [("1", true), ("yes", true), ("true", true), ("0", false)] {
+            std::env::set_var("DELAYD_DEBUG_CLOCK", value);
+            std::env::set_var("DELAYD_LOG_JSON", value);
+            std::env::set_var("DELAYD_JOIN", value);
+            let args = Args::try_parse_from(["delayd"]).expect("parses");
+            assert_eq!(
+                (args.debug_clock, args.log_json, args.join),
+                (expected, expected, expected)
+            );
+        }
+        std::env::remove_var("DELAYD_DEBUG_CLOCK");
+        std::env::remove_var("DELAYD_LOG_JSON");
+        std::env::remove_var("DELAYD_JOIN");
+        let args = Args::try_parse_from(["delayd", "--debug-clock"]).expect("parses");
+        assert!(args.debug_clock && !args.log_json);
+    }
+}
