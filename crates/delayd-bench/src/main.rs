@@ -1,3 +1,318 @@
-//! delayd-bench (being written).
+//! `delayd-bench`: delayd's benchmark suite, side by side with beanstalkd.
+//!
+//! It starts its own delayd clusters (1 and/or 3 nodes, fresh temp data dirs, loopback ports)
+//! or targets given addresses, runs the workloads in [`workloads`] against each, optionally
+//! runs the same publish and drain workloads against beanstalkd processes it starts itself
+//! ([`beanstalk`]), and prints a table plus the ratios delayd / beanstalkd. Absolute figures
+//! on a shared 2-core machine move from run to run; ratios measured in the same run move much
+//! less, which is why the comparison is built in rather than taken from a table elsewhere.
+//!
+//! Exit status: 0 when every workload ran, 1 when the timer saw an early delivery (a
+//! correctness failure, whatever else happened), 2 when a workload failed, 130 on Ctrl-C.
+//! Every process started is killed on the way out, including on Ctrl-C.
 
-fn main() {}
+mod beanstalk;
+mod cluster;
+mod report;
+mod stats;
+mod workloads;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use serde_json::json;
+
+use crate::cluster::Cluster;
+use crate::stats::{Row, Status};
+use crate::workloads::{Ctx, Opts};
+
+/// Every workload, in the order they run. `failover` restarts the node it kills, and
+/// `storage` runs last because it leaves millions of jobs behind.
+const WORKLOADS: [&str; 9] = [
+    "publish-http",
+    "publish-bulk",
+    "publish-grpc-stream",
+    "drain",
+    "lifecycle",
+    "timer",
+    "publish-latency",
+    "failover",
+    "storage",
+];
+
+/// delayd's benchmark suite: starts its own cluster(s) (or targets given ones), runs the
+/// workloads, optionally beanstalkd side by side, and prints a table, JSON and a report.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Cluster sizes to start and measure, one after the other (e.g. `1,3`).
+    #[arg(long, value_delimiter = ',', default_value = "1,3")]
+    nodes: Vec<usize>,
+    /// Measure running nodes instead of starting any: their HTTP base URLs, comma-separated.
+    /// `storage` and `failover` are skipped (they need the processes).
+    #[arg(long, value_delimiter = ',')]
+    target: Vec<String>,
+    /// The delayd binary (default: target/release/delayd if it exists, else target/debug).
+    #[arg(long)]
+    bin: Option<PathBuf>,
+    /// Workloads to run, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
+    workloads: Vec<String>,
+    /// Concurrent clients (connections) per workload.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Stop each closed-loop publish workload after this many jobs (default: time only).
+    #[arg(long)]
+    jobs: Option<u64>,
+    /// Seconds each closed-loop publish workload runs (unless --jobs ends it first).
+    #[arg(long, default_value_t = 10.0)]
+    secs: f64,
+    /// Delay of jobs published by the publish workloads, ms: long, so they never come due
+    /// while later workloads run.
+    #[arg(long, default_value_t = 3_600_000)]
+    publish_delay_ms: u64,
+    /// Ready jobs preloaded and then reserved + acked by `drain`.
+    #[arg(long, default_value_t = 50_000)]
+    drain_jobs: u64,
+    /// Seconds of `lifecycle`.
+    #[arg(long, default_value_t = 10.0)]
+    lifecycle_secs: f64,
+    /// Jobs coming due per second in `timer`.
+    #[arg(long, default_value_t = 5_000)]
+    timer_rate: u64,
+    /// Seconds over which `timer` jobs come due.
+    #[arg(long, default_value_t = 10.0)]
+    timer_secs: f64,
+    /// How long before its due time each `timer` job is published, ms.
+    #[arg(long, default_value_t = 2_000)]
+    timer_lead_ms: u64,
+    /// Offered publishes per second in `publish-latency` (open loop).
+    #[arg(long, default_value_t = 5_000)]
+    latency_rate: u64,
+    /// Seconds of `publish-latency`.
+    #[arg(long, default_value_t = 10.0)]
+    latency_secs: f64,
+    /// Cumulative stored delayed jobs at which `storage` reads RSS and disk.
+    #[arg(long, value_delimiter = ',', default_value = "1000000,10000000")]
+    storage_jobs: Vec<u64>,
+    /// Publishes per second of the background load in `failover`.
+    #[arg(long, default_value_t = 200)]
+    failover_rate: u64,
+    /// Also run the publish and drain workloads against beanstalkd (-f0 and default modes).
+    #[arg(long)]
+    beanstalkd: bool,
+    /// The beanstalkd binary (default: `beanstalkd` on PATH).
+    #[arg(long)]
+    beanstalkd_bin: Option<PathBuf>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write report.md and SVG charts into this directory.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// A few-seconds run of every workload (1 node, tiny counts) for CI: checks that each
+    /// runs and that no job is delivered early; no timing is judged.
+    #[arg(long)]
+    smoke: bool,
+}
+
+impl Args {
+    /// Shrinks everything for `--smoke`.
+    fn apply_smoke(&mut self) {
+        self.nodes = vec![1];
+        self.clients = self.clients.min(8);
+        self.jobs = None;
+        self.secs = 1.0;
+        self.drain_jobs = 256;
+        self.lifecycle_secs = 1.0;
+        self.timer_rate = 200;
+        self.timer_secs = 2.0;
+        self.timer_lead_ms = 1_000;
+        self.latency_rate = 200;
+        self.latency_secs = 1.0;
+        self.storage_jobs = vec![1_024, 2_048];
+    }
+
+    fn opts(&self) -> Opts {
+        Opts {
+            clients: self.clients.max(1),
+            jobs: self.jobs,
+            secs: self.secs,
+            publish_delay_ms: self.publish_delay_ms,
+            drain_jobs: self.drain_jobs,
+            lifecycle_secs: self.lifecycle_secs,
+            timer_rate: self.timer_rate,
+            timer_secs: self.timer_secs,
+            timer_lead_ms: self.timer_lead_ms,
+            latency_rate: self.latency_rate,
+            latency_secs: self.latency_secs,
+            storage_jobs: self.storage_jobs.clone(),
+            failover_rate: self.failover_rate,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut args = Args::parse();
+    if args.smoke {
+        args.apply_smoke();
+    }
+    // Ctrl-C drops `run`, and with it every process guard, which kills the processes.
+    tokio::select! {
+        r = run(args) => match r {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("delayd-bench: {e:#}");
+                ExitCode::from(2)
+            }
+        },
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("delayd-bench: interrupted; stopping every process it started");
+            ExitCode::from(130)
+        }
+    }
+}
+
+/// Prints a row as soon as it is measured and keeps it.
+fn emit(rows: &mut Vec<Row>, row: Row) {
+    println!("{}", report::table_row(&row));
+    rows.push(row);
+}
+
+async fn run(args: Args) -> Result<ExitCode> {
+    let opts = args.opts();
+    let selected: Vec<&str> = if args.workloads.is_empty() {
+        WORKLOADS.to_vec()
+    } else {
+        WORKLOADS.iter().copied().filter(|w| args.workloads.iter().any(|a| a == w)).collect()
+    };
+    let bin = args.bin.clone().unwrap_or_else(cluster::default_bin);
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let ns = format!("bench{started}");
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    if args.target.is_empty() && !bin.exists() {
+        bail!("{} not found: build it (cargo build -p delayd) or pass --bin", bin.display());
+    }
+    let profile = if bin.to_string_lossy().contains("/release/") { "release" } else { "debug" };
+    eprintln!(
+        "delayd-bench: {} ({profile} build), {cpus} CPUs{}",
+        bin.display(),
+        if profile == "debug" { "; a debug build: figures are not representative" } else { "" }
+    );
+
+    let mut rows = Vec::new();
+    println!("{}", report::table_header());
+    let sizes: Vec<Option<usize>> = if args.target.is_empty() {
+        args.nodes.iter().map(|n| Some(*n)).collect()
+    } else {
+        vec![None]
+    };
+    for size in sizes {
+        let started_cluster = match size {
+            Some(n) => Cluster::start(&bin, n).await,
+            None => Ok(Cluster::target(args.target.clone())),
+        };
+        let mut cluster = match started_cluster {
+            Ok(c) => c,
+            Err(e) => {
+                let name = format!("delayd {} nodes", size.unwrap_or(0));
+                emit(&mut rows, Row::failed(&name, "start", &e));
+                continue;
+            }
+        };
+        let ctx = Ctx::new(&cluster, &opts, &ns)?;
+        for w in &selected {
+            let result = match *w {
+                "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
+                "publish-bulk" => workloads::publish(&ctx, true).await.map(|r| vec![r]),
+                "publish-grpc-stream" => Ok(vec![workloads::publish_grpc_stream(&ctx)]),
+                "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
+                "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
+                "timer" => workloads::timer(&ctx).await.map(|r| vec![r]),
+                "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),
+                "failover" => workloads::failover(&ctx, &mut cluster).await.map(|r| vec![r]),
+                "storage" => workloads::storage(&ctx, &mut cluster).await,
+                _ => Ok(Vec::new()),
+            };
+            match result {
+                Ok(rs) => rs.into_iter().for_each(|r| emit(&mut rows, r)),
+                Err(e) => emit(&mut rows, Row::failed(&cluster.name, w, &e)),
+            }
+        }
+    }
+
+    if args.beanstalkd {
+        run_beanstalkd(&args, &opts, &selected, &mut rows).await;
+    }
+
+    let ratios = report::ratios(&rows);
+    if !ratios.is_empty() {
+        println!("\n{}", report::ratio_table(&ratios));
+    }
+    let meta = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "cpus": cpus,
+        "delayd_bin": bin.display().to_string(),
+        "delayd_profile": profile,
+        "started_unix_s": started,
+        "smoke": args.smoke,
+        "opts": format!("{opts:?}"),
+    });
+    if let Some(path) = &args.json {
+        report::write_json(path, &meta, &rows, &ratios)?;
+        eprintln!("delayd-bench: wrote {}", path.display());
+    }
+    if let Some(dir) = &args.report {
+        report::write_report(dir, &meta, &rows, &ratios)?;
+        eprintln!("delayd-bench: wrote {}/report.md", dir.display());
+    }
+
+    let early: u64 = rows.iter().filter_map(|r| r.early).sum();
+    if early > 0 {
+        eprintln!("delayd-bench: {early} EARLY DELIVERIES");
+        return Ok(ExitCode::from(1));
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|r| r.status == Status::Failed)
+        .map(|r| format!("{} / {}", r.system, r.workload))
+        .collect();
+    if !failed.is_empty() {
+        eprintln!("delayd-bench: failed: {}", failed.join(", "));
+        return Ok(ExitCode::from(2));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// beanstalkd's publish and drain, in both durability modes, each on a fresh process.
+async fn run_beanstalkd(args: &Args, opts: &Opts, selected: &[&str], rows: &mut Vec<Row>) {
+    let Some(bin) = args.beanstalkd_bin.clone().or_else(beanstalk::find_binary) else {
+        let mut row = Row::new("beanstalkd", "all", Status::Failed);
+        row.note = "beanstalkd not found on PATH (apt-get install -y beanstalkd)".into();
+        emit(rows, row);
+        return;
+    };
+    let publish = selected.iter().any(|w| w.starts_with("publish"));
+    let drain = selected.contains(&"drain");
+    for mode in beanstalk::Mode::ALL {
+        let server = match beanstalk::Server::start(&bin, mode).await {
+            Ok(s) => s,
+            Err(e) => {
+                emit(rows, Row::failed(mode.label(), "start", &e));
+                continue;
+            }
+        };
+        if publish {
+            let r = beanstalk::publish(&server, opts).await;
+            emit(rows, r.unwrap_or_else(|e| Row::failed(mode.label(), "publish", &e)));
+        }
+        if drain {
+            let r = beanstalk::drain(&server, opts).await;
+            emit(rows, r.unwrap_or_else(|e| Row::failed(mode.label(), "drain", &e)));
+        }
+    }
+}

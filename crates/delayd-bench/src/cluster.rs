@@ -1,0 +1,336 @@
+//! The systems under test as processes: a delayd cluster the bench starts itself (fresh temp
+//! data directories, loopback ports) or one it is pointed at, and the helpers that look at the
+//! processes from outside (RSS from `/proc`, disk usage of a data directory).
+//!
+//! Every process the bench starts is owned by a guard whose `Drop` kills it (`kill -9`) and
+//! reaps it, so an error, a panic or Ctrl-C (which drops the running future) never leaves a
+//! node behind. Waiting is bounded polling of `/health`, never a fixed sleep.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// How long a freshly started cluster may take to elect a leader.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A child process that is killed and reaped when the guard is dropped.
+pub struct Proc {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Spawns `bin args...` with stdout and stderr appended to `log`.
+    pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+        let child = Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        Ok(Proc { child: Some(child), log: log.to_path_buf() })
+    }
+
+    /// The process id, if it is still ours.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `kill -9` and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Fails, with the end of its log, if the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Some(status) = c.try_wait()? {
+                self.child = None;
+                bail!("process exited with {status}; log tail:\n{}", self.log_tail());
+            }
+        }
+        Ok(())
+    }
+
+    /// The last lines of the process's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Free loopback ports, all bound at once before any is released so that the same port is
+/// never handed out twice within one call.
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> =
+        (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// One delayd node the bench started.
+struct Node {
+    id: u64,
+    args: Vec<String>,
+    data_dir: PathBuf,
+    log: PathBuf,
+    proc: Option<Proc>,
+}
+
+/// A delayd cluster: either started here (and killed on drop) or given by address.
+pub struct Cluster {
+    /// A label for tables, e.g. `delayd 3 nodes`.
+    pub name: String,
+    /// Each node's HTTP base URL, in node-id order.
+    pub urls: Vec<String>,
+    bin: PathBuf,
+    nodes: Vec<Node>,
+    // Dropped after `nodes` (field order): the processes die before their directories go.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Cluster {
+    /// Starts `n` nodes of `bin` on fresh ports and temp data dirs and waits for a leader.
+    pub async fn start(bin: &Path, n: usize) -> Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("delayd-bench-").tempdir()?;
+        let ports = free_ports(2 * n)?;
+        let (http, grpc) = ports.split_at(n);
+        let peers = if n > 1 {
+            (0..n).map(|i| format!("{}=127.0.0.1:{}", i + 1, grpc[i])).collect::<Vec<_>>().join(",")
+        } else {
+            String::new()
+        };
+        let mut nodes = Vec::new();
+        for i in 0..n {
+            let id = i as u64 + 1;
+            let data_dir = dir.path().join(format!("node{id}"));
+            let mut args = vec![
+                "--node-id".to_string(),
+                id.to_string(),
+                "--data-dir".into(),
+                data_dir.display().to_string(),
+                "--http-addr".into(),
+                format!("127.0.0.1:{}", http[i]),
+                "--grpc-addr".into(),
+                format!("127.0.0.1:{}", grpc[i]),
+                "--advertise-addr".into(),
+                format!("127.0.0.1:{}", grpc[i]),
+            ];
+            if !peers.is_empty() {
+                args.extend(["--peers".to_string(), peers.clone()]);
+            }
+            let log = dir.path().join(format!("node{id}.log"));
+            nodes.push(Node { id, args, data_dir, log, proc: None });
+        }
+        let name = format!("delayd {n} node{}", if n == 1 { "" } else { "s" });
+        let urls = http.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+        let mut cluster = Cluster { name, urls, bin: bin.to_path_buf(), nodes, _dir: Some(dir) };
+        for i in 0..n {
+            cluster.launch(i)?;
+        }
+        cluster.wait_leader(READY_TIMEOUT).await?;
+        Ok(cluster)
+    }
+
+    /// A cluster the bench did not start: only its HTTP addresses are known.
+    pub fn target(urls: Vec<String>) -> Cluster {
+        let urls = urls.into_iter().map(|u| u.trim_end_matches('/').to_string()).collect();
+        Cluster {
+            name: "delayd target".into(),
+            urls,
+            bin: PathBuf::new(),
+            nodes: Vec::new(),
+            _dir: None,
+        }
+    }
+
+    /// Whether the bench started these processes (so it can kill them and read `/proc`).
+    pub fn is_local(&self) -> bool {
+        !self.nodes.is_empty()
+    }
+
+    fn launch(&mut self, i: usize) -> Result<()> {
+        let node = &mut self.nodes[i];
+        node.proc = Some(Proc::spawn(&self.bin, &node.args, &node.log)?);
+        Ok(())
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        for n in &mut self.nodes {
+            if let Some(p) = n.proc.as_mut() {
+                p.check_alive().with_context(|| format!("delayd node {}", n.id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every live node reports the same leader, and returns its id.
+    pub async fn wait_leader(&mut self, timeout: Duration) -> Result<u64> {
+        self.wait_new_leader(None, timeout).await
+    }
+
+    /// Like [`Cluster::wait_leader`], but a leader equal to `not` does not count: after a
+    /// leader is killed the survivors keep naming it until their election timeout fires.
+    pub async fn wait_new_leader(&mut self, not: Option<u64>, timeout: Duration) -> Result<u64> {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            let mut leaders = Vec::new();
+            for url in self.live_urls() {
+                leaders.push(health(&http, &url).await.ok().and_then(|h| h["leader"].as_u64()));
+            }
+            if let Some(Some(first)) = leaders.first() {
+                if Some(*first) != not && leaders.iter().all(|l| *l == Some(*first)) {
+                    return Ok(*first);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no leader agreed on by all nodes within {timeout:?}: {leaders:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// HTTP URLs of nodes that are running (all of them for a target cluster).
+    pub fn live_urls(&self) -> Vec<String> {
+        if self.nodes.is_empty() {
+            return self.urls.clone();
+        }
+        self.nodes
+            .iter()
+            .zip(&self.urls)
+            .filter(|(n, _)| n.proc.is_some())
+            .map(|(_, u)| u.clone())
+            .collect()
+    }
+
+    /// The HTTP URL of node `id`.
+    pub fn url_of(&self, id: u64) -> Option<&str> {
+        self.urls.get((id as usize).checked_sub(1)?).map(String::as_str)
+    }
+
+    /// `kill -9` node `id`.
+    pub fn kill9(&mut self, id: u64) -> Result<()> {
+        let node = self.nodes.iter_mut().find(|n| n.id == id).context("no such local node")?;
+        if let Some(mut p) = node.proc.take() {
+            p.kill9();
+        }
+        Ok(())
+    }
+
+    /// Starts node `id` again with its old flags and data, and waits until it agrees on the
+    /// leader and has applied as far as the leader had when it came back.
+    pub async fn restart(&mut self, id: u64) -> Result<()> {
+        let i = self.nodes.iter().position(|n| n.id == id).context("no such local node")?;
+        self.launch(i)?;
+        let leader = self.wait_leader(READY_TIMEOUT).await?;
+        self.wait_applied(leader, READY_TIMEOUT).await
+    }
+
+    /// Waits until every live node has applied at least what `leader` has applied now, so
+    /// that what is measured on followers includes the work just done.
+    pub async fn wait_applied(&mut self, leader: u64, timeout: Duration) -> Result<()> {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+        let url = self.url_of(leader).context("leader has no URL")?.to_string();
+        let target = health(&http, &url).await?["last_applied"].as_u64().unwrap_or(0);
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            let mut behind = Vec::new();
+            for url in self.live_urls() {
+                let applied =
+                    health(&http, &url).await.ok().and_then(|h| h["last_applied"].as_u64());
+                if applied.unwrap_or(0) < target {
+                    behind.push(url);
+                }
+            }
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("nodes {behind:?} did not reach applied index {target} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Per live local node: (id, RSS bytes, data-dir bytes on disk).
+    pub fn footprint(&self) -> Vec<(u64, Option<u64>, u64)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| {
+                let pid = n.proc.as_ref()?.pid()?;
+                Some((n.id, rss_bytes(pid), du_bytes(&n.data_dir)))
+            })
+            .collect()
+    }
+}
+
+/// `GET {url}/health` as JSON.
+pub async fn health(http: &reqwest::Client, url: &str) -> Result<Value> {
+    Ok(http.get(format!("{url}/health")).send().await?.error_for_status()?.json().await?)
+}
+
+/// Resident set size of `pid` from `/proc/<pid>/status` (`VmRSS`, in kB there).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Bytes allocated on disk under `dir`, like `du -s` (blocks, not apparent sizes, so sparse
+/// or preallocated RocksDB files count as what they really take).
+pub fn du_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => du_bytes(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// The delayd binary to start: `--bin` if given, else the release build next to this
+/// binary's target directory if it exists, else the debug build.
+pub fn default_bin() -> PathBuf {
+    let target = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
+        .unwrap_or_else(|| PathBuf::from("target"));
+    let release = target.join("release/delayd");
+    if release.exists() {
+        return release;
+    }
+    let debug = target.join("debug/delayd");
+    if debug.exists() {
+        return debug;
+    }
+    // Run from the workspace root without a built bench next to it.
+    let cwd_release = PathBuf::from("target/release/delayd");
+    if cwd_release.exists() {
+        cwd_release
+    } else {
+        PathBuf::from("target/debug/delayd")
+    }
+}

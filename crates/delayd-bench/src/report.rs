@@ -1,0 +1,460 @@
+//! Rendering: the stdout table, the ratios delayd / beanstalkd, the JSON file, and the
+//! markdown report with hand-written SVG charts (no scripts, no external resources, so the
+//! report renders the same on GitHub, in a browser or offline).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::stats::{Row, Status};
+
+/// Which delayd workload is compared with which beanstalkd workload.
+const PAIRS: [(&str, &str); 4] = [
+    ("publish-http", "publish"),
+    ("publish-bulk", "publish"),
+    ("publish-grpc-stream", "publish"),
+    ("drain", "drain"),
+];
+
+/// delayd's rate over beanstalkd's, for one workload pair, measured in the same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    /// The delayd system, e.g. `delayd 3 nodes`.
+    pub delayd: String,
+    /// The delayd workload.
+    pub delayd_workload: String,
+    /// The beanstalkd mode.
+    pub beanstalkd: String,
+    /// The beanstalkd workload it is compared with.
+    pub beanstalkd_workload: String,
+    /// delayd jobs/s ÷ beanstalkd jobs/s.
+    pub ratio: f64,
+}
+
+/// Every ratio the rows allow.
+pub fn ratios(rows: &[Row]) -> Vec<Ratio> {
+    let ok = |r: &&Row| r.status == Status::Ok && r.jobs_per_s.is_some_and(|v| v > 0.0);
+    let mut out = Vec::new();
+    for d in rows.iter().filter(ok).filter(|r| r.system.starts_with("delayd")) {
+        for (dw, bw) in PAIRS.iter().filter(|(dw, _)| *dw == d.workload) {
+            for b in rows.iter().filter(ok).filter(|r| r.system.starts_with("beanstalkd")) {
+                if b.workload == *bw {
+                    if let (Some(x), Some(y)) = (d.jobs_per_s, b.jobs_per_s) {
+                        out.push(Ratio {
+                            delayd: d.system.clone(),
+                            delayd_workload: dw.to_string(),
+                            beanstalkd: b.system.clone(),
+                            beanstalkd_workload: bw.to_string(),
+                            ratio: x / y,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or("-".to_string(), |v| format!("{v:.prec$}"))
+}
+
+fn status(r: &Row) -> &'static str {
+    match r.status {
+        Status::Ok => "ok",
+        Status::Failed => "FAILED",
+        Status::Skipped => "skipped",
+        Status::Unavailable => "n/a",
+    }
+}
+
+/// The results table as plain text (also used for one row at a time while running).
+pub fn table_header() -> String {
+    format!(
+        "{:<36} {:<20} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>6} {:>5}  {}",
+        "system",
+        "workload",
+        "status",
+        "jobs/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+        "errors",
+        "early",
+        "note"
+    )
+}
+
+/// One row of the plain-text table.
+pub fn table_row(r: &Row) -> String {
+    let l = r.latency_ms;
+    format!(
+        "{:<36} {:<20} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>6} {:>5}  {}",
+        r.system,
+        r.workload,
+        status(r),
+        opt(r.jobs_per_s, 0),
+        opt(l.map(|l| l.p50), 2),
+        opt(l.map(|l| l.p99), 2),
+        opt(l.map(|l| l.p999), 2),
+        opt(l.map(|l| l.max), 2),
+        r.errors,
+        r.early.map_or("-".to_string(), |e| e.to_string()),
+        r.note
+    )
+}
+
+/// The ratio table as plain text.
+pub fn ratio_table(ratios: &[Ratio]) -> String {
+    let mut s = format!(
+        "{:<16} {:<20} {:<36} {:<10} {:>8}\n",
+        "delayd", "workload", "vs beanstalkd", "workload", "ratio"
+    );
+    for r in ratios {
+        let _ = writeln!(
+            s,
+            "{:<16} {:<20} {:<36} {:<10} {:>7.2}x",
+            r.delayd, r.delayd_workload, r.beanstalkd, r.beanstalkd_workload, r.ratio
+        );
+    }
+    s
+}
+
+/// Writes `{meta, rows, ratios}` as JSON.
+pub fn write_json(path: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) -> Result<()> {
+    let v = serde_json::json!({"meta": meta, "rows": rows, "ratios": ratios});
+    std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
+    Ok(())
+}
+
+/// Writes `report.md` and its SVG charts into `dir`.
+pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut md = String::from("# delayd benchmark\n\n");
+    let _ = writeln!(md, "Run: `{}`\n", meta["command"].as_str().unwrap_or(""));
+    let _ = writeln!(
+        md,
+        "Machine: {} CPUs; delayd binary `{}`; started {} (unix s). Figures from one run on a \
+         shared machine: compare systems through the ratios, measured side by side.\n",
+        meta["cpus"],
+        meta["delayd_bin"].as_str().unwrap_or("?"),
+        meta["started_unix_s"]
+    );
+    md.push_str("## Results\n\n");
+    md.push_str(
+        "| system | workload | status | jobs/s | latency of | p50 ms | p99 ms | p99.9 ms | max ms \
+         | errors | early | note |\n|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in rows {
+        let l = r.latency_ms;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.system,
+            r.workload,
+            status(r),
+            opt(r.jobs_per_s, 0),
+            r.latency_of,
+            opt(l.map(|l| l.p50), 2),
+            opt(l.map(|l| l.p99), 2),
+            opt(l.map(|l| l.p999), 2),
+            opt(l.map(|l| l.max), 2),
+            r.errors,
+            r.early.map_or("-".to_string(), |e| e.to_string()),
+            r.note.replace('|', "\\|")
+        );
+    }
+    if !ratios.is_empty() {
+        md.push_str("\n## delayd ÷ beanstalkd (same run)\n\n");
+        md.push_str(
+            "| delayd | workload | beanstalkd | workload | ratio |\n|---|---|---|---|---:|\n",
+        );
+        for r in ratios {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {:.2}× |",
+                r.delayd, r.delayd_workload, r.beanstalkd, r.beanstalkd_workload, r.ratio
+            );
+        }
+    }
+    md.push_str("\n## Charts\n\n");
+    std::fs::write(dir.join("throughput.svg"), throughput_svg(rows))?;
+    md.push_str("![throughput](throughput.svg)\n\n");
+    std::fs::write(dir.join("latency.svg"), latency_svg(rows))?;
+    md.push_str("![latency percentiles](latency.svg)\n\n");
+    if rows.iter().any(|r| r.extra.contains_key("lateness_histogram")) {
+        std::fs::write(dir.join("lateness.svg"), lateness_svg(rows))?;
+        md.push_str("![timer lateness](lateness.svg)\n\n");
+    }
+    if !ratios.is_empty() {
+        std::fs::write(dir.join("ratios.svg"), ratios_svg(ratios))?;
+        md.push_str("![ratios](ratios.svg)\n\n");
+    }
+    md.push_str(WORKLOADS_MD);
+    std::fs::write(dir.join("report.md"), md)?;
+    Ok(())
+}
+
+/// What each workload does, for the report's readers.
+const WORKLOADS_MD: &str = "## Workloads\n\n\
+- **publish-http**: C closed-loop clients, one `PUT /api/{ns}/{q}?delay_ms=…` of 100 bytes each, spread over all nodes.\n\
+- **publish-bulk**: the same with `PUT …/bulk`, 64 jobs of 100 bytes per request (jobs/s counts jobs).\n\
+- **publish-grpc-stream**: gRPC `PublishStream` through `delayd-client`.\n\
+- **drain**: N ready jobs preloaded, then C consumers `GET ?ttr=30&timeout=1` + `DELETE …/job/{id}?lease=…`; jobs/s until the last ack.\n\
+- **lifecycle**: C/2 producers (delay 0) and C/2 consumers together for T s; acked jobs/s; latency is delivery − due.\n\
+- **timer**: R jobs/s coming due over S s, each published a lead time ahead; C consumers long-poll; lateness = delivery wall time − server `due_at_ms`; early deliveries must be 0.\n\
+- **publish-latency**: open-loop single publishes at a fixed offered rate; latency from each request's intended send time.\n\
+- **storage N**: bulk-published jobs delayed by 1 day up to N stored; RSS (`VmRSS`) and disk (`du`) per node.\n\
+- **failover**: light publish load over all nodes, `kill -9` of the leader, time to the first successful publish sent after the kill.\n\
+- **beanstalkd publish / drain**: `put` one job at a time / `reserve-with-timeout 1` + `delete`, C connections, same bodies.\n";
+
+/// Escapes text for SVG.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+const COLORS: [&str; 6] = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1"];
+
+/// A color per system, stable within one chart.
+fn color_of(systems: &[String], s: &str) -> &'static str {
+    let i = systems.iter().position(|x| x == s).unwrap_or(0);
+    COLORS[i % COLORS.len()]
+}
+
+fn systems(rows: &[&Row]) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for r in rows {
+        if !v.contains(&r.system) {
+            v.push(r.system.clone());
+        }
+    }
+    v
+}
+
+fn svg_open(w: f64, h: f64, title: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"10\" y=\"20\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
+        esc(title)
+    )
+}
+
+fn legend(svg: &mut String, systems: &[String], x: f64, y: f64) {
+    for (i, s) in systems.iter().enumerate() {
+        let yy = y + i as f64 * 16.0;
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{x}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{}\"/>\
+             <text x=\"{}\" y=\"{}\">{}</text>",
+            yy - 9.0,
+            color_of(systems, s),
+            x + 14.0,
+            yy,
+            esc(s)
+        );
+    }
+}
+
+/// Horizontal bars of jobs/s, one per (workload, system), linear scale.
+fn throughput_svg(rows: &[Row]) -> String {
+    let bars: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.status == Status::Ok && r.jobs_per_s.is_some() && r.workload != "failover")
+        .collect();
+    let systems = systems(&bars);
+    let max = bars.iter().filter_map(|r| r.jobs_per_s).fold(1.0, f64::max);
+    let (label_w, bar_w, row_h) = (190.0, 460.0, 18.0);
+    let top = 40.0 + systems.len() as f64 * 16.0;
+    let h = top + bars.len() as f64 * row_h + 20.0;
+    let mut svg = svg_open(label_w + bar_w + 120.0, h, "Throughput (jobs/s)");
+    legend(&mut svg, &systems, 10.0, 40.0);
+    for (i, r) in bars.iter().enumerate() {
+        let y = top + i as f64 * row_h;
+        let v = r.jobs_per_s.unwrap_or(0.0);
+        let w = v / max * bar_w;
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\
+             <rect x=\"{label_w}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"{}\"/>\
+             <text x=\"{:.1}\" y=\"{}\">{v:.0}</text>",
+            label_w - 6.0,
+            y + 12.0,
+            esc(&r.workload),
+            y + 2.0,
+            row_h - 4.0,
+            color_of(&systems, &r.system),
+            label_w + w + 4.0,
+            y + 12.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Grouped horizontal bars of p50 / p99 / p99.9 per row, log scale (µs to seconds).
+fn latency_svg(rows: &[Row]) -> String {
+    let bars: Vec<&Row> =
+        rows.iter().filter(|r| r.status == Status::Ok && r.latency_ms.is_some()).collect();
+    let systems = systems(&bars);
+    let (label_w, bar_w, group_h) = (330.0, 420.0, 40.0);
+    let top = 60.0 + systems.len() as f64 * 16.0;
+    let h = top + bars.len() as f64 * group_h + 30.0;
+    let mut svg = svg_open(
+        label_w + bar_w + 90.0,
+        h,
+        "Latency percentiles (ms, log scale): p50 / p99 / p99.9",
+    );
+    legend(&mut svg, &systems, 10.0, 40.0);
+    let (lo, hi) = (0.01f64.log10(), 10_000f64.log10());
+    let x = |ms: f64| label_w + ((ms.max(0.01).log10() - lo) / (hi - lo)).clamp(0.0, 1.0) * bar_w;
+    for tick in [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10_000.0] {
+        let _ = writeln!(
+            svg,
+            "<line x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#ddd\"/>\
+             <text x=\"{0:.1}\" y=\"{3}\" text-anchor=\"middle\" fill=\"#666\">{tick}</text>",
+            x(tick),
+            top - 4.0,
+            h - 24.0,
+            h - 10.0
+        );
+    }
+    for (i, r) in bars.iter().enumerate() {
+        let Some(l) = r.latency_ms else { continue };
+        let y = top + i as f64 * group_h;
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{} ({})</text>",
+            label_w - 6.0,
+            y + 20.0,
+            esc(&r.workload),
+            esc(r.latency_of)
+        );
+        for (j, (name, v)) in [("p50", l.p50), ("p99", l.p99), ("p99.9", l.p999)].iter().enumerate()
+        {
+            let yy = y + 2.0 + j as f64 * 12.0;
+            let opacity = 1.0 - j as f64 * 0.3;
+            let _ = writeln!(
+                svg,
+                "<rect x=\"{label_w}\" y=\"{yy}\" width=\"{:.1}\" height=\"10\" fill=\"{}\" \
+                 fill-opacity=\"{opacity:.1}\"/><text x=\"{:.1}\" y=\"{}\" font-size=\"10\">\
+                 {name} {v:.2}</text>",
+                x(*v) - label_w,
+                color_of(&systems, &r.system),
+                x(*v) + 4.0,
+                yy + 9.0
+            );
+        }
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Vertical histogram bars of timer lateness, one series per system.
+fn lateness_svg(rows: &[Row]) -> String {
+    let series: Vec<(&Row, Vec<(String, u64)>)> = rows
+        .iter()
+        .filter_map(|r| {
+            let hist = r.extra.get("lateness_histogram")?.as_array()?;
+            let buckets = hist
+                .iter()
+                .map(|b| {
+                    let label = b["bucket_ms"].as_str().unwrap_or("").to_string();
+                    (label, b["count"].as_u64().unwrap_or(0))
+                })
+                .collect();
+            Some((r, buckets))
+        })
+        .collect();
+    let refs: Vec<&Row> = series.iter().map(|(r, _)| *r).collect();
+    let systems = systems(&refs);
+    let nb = series.first().map_or(0, |(_, b)| b.len());
+    let (left, plot_h, group_w) = (50.0, 260.0, 64.0);
+    let top = 40.0 + systems.len() as f64 * 16.0;
+    let w = left + nb as f64 * group_w + 20.0;
+    let h = top + plot_h + 50.0;
+    let mut svg = svg_open(w, h, "Timer lateness (delivery − due), share of jobs per bucket (ms)");
+    legend(&mut svg, &systems, 10.0, 40.0);
+    let base = top + plot_h;
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{left}\" x2=\"{}\" y1=\"{base}\" y2=\"{base}\" stroke=\"#333\"/>",
+        w - 10.0
+    );
+    let bar_w = (group_w - 8.0) / series.len().max(1) as f64;
+    for (s, (r, buckets)) in series.iter().enumerate() {
+        let total: u64 = buckets.iter().map(|b| b.1).sum::<u64>().max(1);
+        for (i, (label, count)) in buckets.iter().enumerate() {
+            let share = *count as f64 / total as f64;
+            let bh = share * plot_h;
+            let x = left + i as f64 * group_w + 4.0 + s as f64 * bar_w;
+            // Early deliveries are a correctness failure: drawn red whatever the series.
+            let fill = if i == 0 && *count > 0 { "#d00" } else { color_of(&systems, &r.system) };
+            let _ = writeln!(
+                svg,
+                "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{bar_w:.1}\" height=\"{bh:.1}\" \
+                 fill=\"{fill}\"><title>{}: {label} ms: {count}</title></rect>",
+                base - bh,
+                esc(&r.system)
+            );
+            if s == 0 {
+                let _ = writeln!(
+                    svg,
+                    "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\" font-size=\"10\">{}</text>",
+                    left + i as f64 * group_w + group_w / 2.0,
+                    base + 14.0,
+                    esc(label)
+                );
+            }
+        }
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Horizontal bars of delayd ÷ beanstalkd, with the 1× line.
+fn ratios_svg(ratios: &[Ratio]) -> String {
+    let (label_w, bar_w, row_h) = (470.0, 300.0, 18.0);
+    let max = ratios.iter().map(|r| r.ratio).fold(1.0, f64::max) * 1.1;
+    let top = 40.0;
+    let h = top + ratios.len() as f64 * row_h + 20.0;
+    let mut svg = svg_open(label_w + bar_w + 80.0, h, "delayd ÷ beanstalkd, jobs/s, same run");
+    for (i, r) in ratios.iter().enumerate() {
+        let y = top + i as f64 * row_h;
+        let w = r.ratio / max * bar_w;
+        let fill = if r.ratio >= 1.0 { "#59a14f" } else { "#e15759" };
+        let label = format!(
+            "{} {} vs {} {}",
+            r.delayd, r.delayd_workload, r.beanstalkd, r.beanstalkd_workload
+        );
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-size=\"11\">{}</text>\
+             <rect x=\"{label_w}\" y=\"{}\" width=\"{w:.1}\" height=\"{}\" fill=\"{fill}\"/>\
+             <text x=\"{:.1}\" y=\"{}\">{:.2}×</text>",
+            label_w - 6.0,
+            y + 12.0,
+            esc(&label),
+            y + 2.0,
+            row_h - 4.0,
+            label_w + w + 4.0,
+            y + 12.0,
+            r.ratio
+        );
+    }
+    let one = label_w + bar_w / max;
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{one:.1}\" x2=\"{one:.1}\" y1=\"{}\" y2=\"{}\" stroke=\"#333\" \
+         stroke-dasharray=\"4 3\"/>",
+        top - 4.0,
+        h - 16.0
+    );
+    svg.push_str("</svg>\n");
+    svg
+}

@@ -1,0 +1,688 @@
+//! delayd's workloads over its HTTP API. Each one uses its own queue (so none sees another's
+//! leftovers), spreads its clients over every node (followers forward to the leader, as real
+//! clients would see), and returns one [`Row`] per figure.
+//!
+//! Closed-loop workloads (`publish-*`, `drain`, `lifecycle`) measure throughput: C clients
+//! each send their next request when the last one answered. Open-loop ones (`timer`,
+//! `publish-latency`) send at a fixed rate whatever the answers do, and time each request
+//! from when it *should* have been sent, so a stalled server shows as latency rather than as
+//! fewer samples (coordinated omission).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::cluster::Cluster;
+use crate::stats::{join_all, ms_since, wall_ms, Budget, Percentiles, Row, Status, Tally};
+
+/// Bodies are this many bytes, as in the issue's peer table.
+pub const BODY_BYTES: usize = 100;
+/// Jobs per bulk publish (delayd's maximum).
+pub const BULK_JOBS: usize = 64;
+/// A long-poll reserve waits this long (s) before answering "no job".
+const POLL_S: u64 = 1;
+/// Consecutive empty long polls after which a drain consumer gives up.
+const MAX_EMPTY_POLLS: u32 = 5;
+
+/// Workload parameters (see the CLI for their meaning and defaults).
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Closed-loop publish workloads stop after this many jobs...
+    pub jobs: Option<u64>,
+    /// ...or after this many seconds.
+    pub secs: f64,
+    /// Delay of jobs published by the publish workloads, ms (long, so they never come due
+    /// while later workloads run).
+    pub publish_delay_ms: u64,
+    /// Jobs preloaded and drained by `drain`.
+    pub drain_jobs: u64,
+    /// Seconds of `lifecycle`.
+    pub lifecycle_secs: f64,
+    /// Jobs coming due per second in `timer`.
+    pub timer_rate: u64,
+    /// Seconds over which `timer` jobs come due.
+    pub timer_secs: f64,
+    /// How far ahead of its due time each `timer` job is published, ms.
+    pub timer_lead_ms: u64,
+    /// Offered publishes per second in `publish-latency`.
+    pub latency_rate: u64,
+    /// Seconds of `publish-latency`.
+    pub latency_secs: f64,
+    /// Cumulative stored-job counts at which `storage` measures.
+    pub storage_jobs: Vec<u64>,
+    /// Publishes per second during `failover`.
+    pub failover_rate: u64,
+}
+
+/// What the workloads of one system share.
+pub struct Ctx {
+    /// HTTP client (one connection pool for all workers).
+    pub http: reqwest::Client,
+    /// Nodes' base URLs; client i talks to node i mod n.
+    pub urls: Vec<String>,
+    /// The system's label in the table.
+    pub system: String,
+    /// A per-run namespace, so reruns against a target never mix.
+    pub ns: String,
+    /// Parameters.
+    pub opts: Opts,
+}
+
+impl Ctx {
+    /// A context for `cluster`.
+    pub fn new(cluster: &Cluster, opts: &Opts, ns: &str) -> Result<Ctx> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(opts.clients.max(1) * 2)
+            .timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Ctx {
+            http,
+            urls: cluster.urls.clone(),
+            system: cluster.name.clone(),
+            ns: ns.to_string(),
+            opts: opts.clone(),
+        })
+    }
+
+    /// The queue URL of `queue` on the node client `i` talks to.
+    fn queue_url(&self, i: usize, queue: &str) -> String {
+        format!("{}/api/{}/{}", self.urls[i % self.urls.len()], self.ns, queue)
+    }
+}
+
+/// A 100-byte body.
+pub fn body() -> Vec<u8> {
+    vec![b'x'; BODY_BYTES]
+}
+
+/// A bulk body: a JSON array of `BULK_JOBS` strings whose JSON text is 100 bytes each.
+fn bulk_body() -> Vec<u8> {
+    let one = format!("\"{}\"", "x".repeat(BODY_BYTES - 2));
+    format!("[{}]", vec![one; BULK_JOBS].join(",")).into_bytes()
+}
+
+/// Sends `req`, failing unless the answer has status `want`.
+async fn expect(req: reqwest::RequestBuilder, want: StatusCode) -> Result<()> {
+    let resp = req.send().await?;
+    let status = resp.status();
+    if status != want {
+        let body = resp.bytes().await.unwrap_or_default();
+        bail!("HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]));
+    }
+    // Read the body so the connection goes back to the pool.
+    resp.bytes().await?;
+    Ok(())
+}
+
+/// One reserve: `Some((job_id, lease, due_at_ms))`, or `None` when the long poll ran out.
+async fn reserve(http: &reqwest::Client, qurl: &str) -> Result<Option<(String, String, f64)>> {
+    let resp = http.get(format!("{qurl}?ttr=30&timeout={POLL_S}")).send().await?;
+    let status = resp.status();
+    if status == StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    let v: Value = resp.json().await?;
+    if status != StatusCode::OK {
+        bail!("reserve: HTTP {status}: {v}");
+    }
+    let id = v["job_id"].as_str().context("reserve answer without job_id")?.to_string();
+    let lease = v["lease"].as_str().context("reserve answer without lease")?.to_string();
+    let due = v["due_at_ms"].as_f64().context("reserve answer without due_at_ms")?;
+    Ok(Some((id, lease, due)))
+}
+
+/// Acks a reserved job with its lease.
+async fn ack(http: &reqwest::Client, qurl: &str, id: &str, lease: &str) -> Result<()> {
+    let req = http.delete(format!("{qurl}/job/{id}?lease={lease}"));
+    expect(req, StatusCode::NO_CONTENT).await
+}
+
+/// `publish-http` and `publish-bulk`: closed-loop publishes until the budget is spent.
+pub async fn publish(ctx: &Ctx, bulk: bool) -> Result<Row> {
+    let name = if bulk { "publish-bulk" } else { "publish-http" };
+    let per_op = if bulk { BULK_JOBS as u64 } else { 1 };
+    let budget = Budget::new(ctx.opts.jobs, ctx.opts.secs);
+    let tally = publish_loop(ctx, name, budget, bulk, ctx.opts.publish_delay_ms, "0").await?;
+    let mut row = Row::from_tally(&ctx.system, name, tally.0, tally.1, "request");
+    row.prefix_note(format!("{per_op} job(s)/request, delay {} ms", ctx.opts.publish_delay_ms));
+    Ok(row)
+}
+
+/// C clients publishing singly or in bulk with `delay_ms` until `budget` is spent; returns
+/// the tally and the seconds it took.
+async fn publish_loop(
+    ctx: &Ctx,
+    queue: &str,
+    budget: Budget,
+    bulk: bool,
+    delay_ms: u64,
+    ttl_s: &str,
+) -> Result<(Tally, f64)> {
+    let per_op = if bulk { BULK_JOBS as u64 } else { 1 };
+    let payload = if bulk { bulk_body() } else { body() };
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..ctx.opts.clients {
+        let path = if bulk { "/bulk" } else { "" };
+        let url = format!("{}{path}?delay_ms={delay_ms}&ttl={ttl_s}", ctx.queue_url(i, queue));
+        let (http, budget, payload) = (ctx.http.clone(), budget.clone(), payload.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            while budget.take(per_op) {
+                let t0 = Instant::now();
+                match expect(http.put(&url).body(payload.clone()), StatusCode::CREATED).await {
+                    Ok(_) => {
+                        t.samples_ms.push(ms_since(t0));
+                        t.jobs += per_op;
+                    }
+                    Err(e) => t.error(e),
+                }
+            }
+            t
+        }));
+    }
+    let tally = join_all(tasks).await?;
+    Ok((tally, start.elapsed().as_secs_f64()))
+}
+
+/// `publish-grpc-stream`: waits for the Rust client crate's streaming publish.
+pub fn publish_grpc_stream(ctx: &Ctx) -> Row {
+    let mut row = Row::new(&ctx.system, "publish-grpc-stream", Status::Unavailable);
+    row.note = "not available yet: delayd-client has no PublishStream API".into();
+    row
+}
+
+/// Preloads `n` ready jobs into `queue` with bulk publishes and waits until all are ready.
+async fn preload(ctx: &Ctx, queue: &str, n: u64) -> Result<()> {
+    let budget = Budget::new(Some(n.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64), 3600.0);
+    let (t, _) = publish_loop(ctx, queue, budget, true, 0, "0").await?;
+    if t.errors > 0 {
+        bail!("preload: {} failed bulk publishes: {:?}", t.errors, t.first_error);
+    }
+    let url = format!("{}/size", ctx.queue_url(0, queue));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let size: Value = ctx.http.get(&url).send().await?.json().await?;
+        if size["size"].as_u64().unwrap_or(0) >= t.jobs {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("preloaded jobs not all ready after 60 s: {size}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `drain`: preload ready jobs, then C consumers reserve + ack until all are gone.
+pub async fn drain(ctx: &Ctx) -> Result<Row> {
+    let queue = "drain";
+    preload(ctx, queue, ctx.opts.drain_jobs).await?;
+    let total = ctx.opts.drain_jobs.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64;
+    let acked = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..ctx.opts.clients {
+        let (http, qurl, acked) = (ctx.http.clone(), ctx.queue_url(i, queue), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            let mut empty = 0;
+            let mut last_ack = 0.0;
+            while acked.load(Ordering::Relaxed) < total && empty < MAX_EMPTY_POLLS {
+                let t0 = Instant::now();
+                let done = async {
+                    let Some((id, lease, _)) = reserve(&http, &qurl).await? else {
+                        return Ok(false);
+                    };
+                    ack(&http, &qurl, &id, &lease).await?;
+                    Ok::<_, anyhow::Error>(true)
+                };
+                match done.await {
+                    Ok(true) => {
+                        empty = 0;
+                        t.samples_ms.push(ms_since(t0));
+                        t.jobs += 1;
+                        acked.fetch_add(1, Ordering::Relaxed);
+                        last_ack = start.elapsed().as_secs_f64();
+                    }
+                    Ok(false) => empty += 1,
+                    Err(e) => t.error(e),
+                }
+            }
+            (t, last_ack)
+        }));
+    }
+    // The run ends at the last ack, not at the last consumer's final empty poll.
+    let mut all = Tally::default();
+    let mut secs: f64 = 0.0;
+    for task in tasks {
+        let (t, last_ack) = task.await?;
+        secs = secs.max(last_ack);
+        all.merge(t);
+    }
+    let missing = total.saturating_sub(all.jobs);
+    let mut row = Row::from_tally(&ctx.system, "drain", all, secs, "reserve+ack");
+    row.prefix_note(format!("{total} preloaded ready jobs"));
+    if missing > 0 {
+        row.status = Status::Failed;
+        row.prefix_note(format!("{missing} of {total} jobs not drained"));
+    }
+    Ok(row)
+}
+
+/// `lifecycle`: C/2 producers (delay 0) and C/2 consumers (reserve + ack) for T seconds.
+/// The rate is acked jobs/s; the latency is how long a job waited: delivery − due.
+pub async fn lifecycle(ctx: &Ctx) -> Result<Row> {
+    let queue = "lifecycle";
+    let half = (ctx.opts.clients / 2).max(1);
+    let budget = Budget::new(None, ctx.opts.lifecycle_secs);
+    let deadline = Instant::now() + Duration::from_secs_f64(ctx.opts.lifecycle_secs);
+    let start = Instant::now();
+    let mut producers = Vec::new();
+    for i in 0..half {
+        let url = format!("{}?delay_ms=0", ctx.queue_url(i, queue));
+        let (http, budget) = (ctx.http.clone(), budget.clone());
+        producers.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            while budget.take(1) {
+                match expect(http.put(&url).body(body()), StatusCode::CREATED).await {
+                    Ok(_) => t.jobs += 1,
+                    Err(e) => t.error(e),
+                }
+            }
+            t
+        }));
+    }
+    let mut consumers = Vec::new();
+    for i in 0..half {
+        let (http, qurl) = (ctx.http.clone(), ctx.queue_url(i + half, queue));
+        consumers.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            while Instant::now() < deadline {
+                match reserve(&http, &qurl).await {
+                    Ok(Some((id, lease, due))) => {
+                        t.samples_ms.push(wall_ms() - due);
+                        match ack(&http, &qurl, &id, &lease).await {
+                            Ok(()) => t.jobs += 1,
+                            Err(e) => t.error(e),
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => t.error(e),
+                }
+            }
+            t
+        }));
+    }
+    let produced = join_all(producers).await?;
+    let consumed = join_all(consumers).await?;
+    let secs = start.elapsed().as_secs_f64();
+    let mut row =
+        Row::from_tally(&ctx.system, "lifecycle", consumed, secs, "wait (delivery − due)");
+    row.errors += produced.errors;
+    let published_per_s = produced.jobs as f64 / secs;
+    row.extra.insert("published_per_s".into(), json!(published_per_s));
+    if let Some(e) = produced.first_error {
+        row.prefix_note(format!("first producer error: {e}"));
+    }
+    row.prefix_note(format!(
+        "acked/s with {half} producers + {half} consumers; published {published_per_s:.0}/s"
+    ));
+    Ok(row)
+}
+
+/// Runs `op(i, intended_start)` for i in 0..n at `rate` per second, each in its own task, at
+/// most `in_flight` at once; waits for all of them.
+async fn open_loop<F, Fut>(rate: u64, n: u64, in_flight: usize, op: F) -> Result<()>
+where
+    F: Fn(u64, Instant) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let at = start + Duration::from_secs_f64(i as f64 / rate.max(1) as f64);
+        tokio::time::sleep_until(at.into()).await;
+        let permit = permits.clone().acquire_owned().await?;
+        let fut = op(i, at);
+        tasks.push(tokio::spawn(async move {
+            fut.await;
+            drop(permit);
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
+
+/// `publish-latency`: open-loop single publishes at a fixed offered rate; latency from each
+/// request's intended send time.
+pub async fn publish_latency(ctx: &Ctx) -> Result<Row> {
+    let queue = "publish-latency";
+    let rate = ctx.opts.latency_rate;
+    let n = (rate as f64 * ctx.opts.latency_secs).round() as u64;
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let start = Instant::now();
+    let delay = ctx.opts.publish_delay_ms;
+    open_loop(rate, n, 4096, |i, at| {
+        let url = format!("{}?delay_ms={delay}", ctx.queue_url(i as usize, queue));
+        let (http, tally) = (ctx.http.clone(), tally.clone());
+        async move {
+            let r = expect(http.put(&url).body(body()), StatusCode::CREATED).await;
+            let ms = ms_since(at);
+            if let Ok(mut t) = tally.lock() {
+                match r {
+                    Ok(_) => {
+                        t.samples_ms.push(ms);
+                        t.jobs += 1;
+                    }
+                    Err(e) => t.error(e),
+                }
+            }
+        }
+    })
+    .await?;
+    let secs = start.elapsed().as_secs_f64();
+    let tally = take(&tally);
+    let mut row = Row::from_tally(&ctx.system, "publish-latency", tally, secs, "request");
+    row.prefix_note(format!("open loop, offered {rate}/s"));
+    row.extra.insert("offered_per_s".into(), json!(rate));
+    Ok(row)
+}
+
+fn take(t: &Mutex<Tally>) -> Tally {
+    t.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default()
+}
+
+/// Lateness histogram bucket upper bounds, ms (the first bucket is "early": below 0).
+const LATENESS_BUCKETS_MS: [f64; 11] =
+    [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+
+/// `(label, count)` pairs of a lateness histogram.
+pub fn lateness_histogram(samples: &[f64]) -> Vec<(String, u64)> {
+    let mut counts = vec![0u64; LATENESS_BUCKETS_MS.len() + 1];
+    for &s in samples {
+        let b = LATENESS_BUCKETS_MS.iter().position(|&le| s < le).unwrap_or(counts.len() - 1);
+        counts[b] += 1;
+    }
+    let mut labels = vec!["early".to_string()];
+    for w in LATENESS_BUCKETS_MS.windows(2) {
+        labels.push(format!("{}–{}", w[0], w[1]));
+    }
+    labels.push(format!("≥{}", LATENESS_BUCKETS_MS[LATENESS_BUCKETS_MS.len() - 1]));
+    labels.into_iter().zip(counts).collect()
+}
+
+/// `timer`: jobs come due at a steady rate over the next seconds, each published `lead` ms
+/// before its due time; consumers long-poll; lateness = delivery wall time − server's due
+/// time. Early deliveries are counted (must be 0).
+pub async fn timer(ctx: &Ctx) -> Result<Row> {
+    let queue = "timer";
+    let rate = ctx.opts.timer_rate;
+    let n = (rate as f64 * ctx.opts.timer_secs).round() as u64;
+    let lead_ms = ctx.opts.timer_lead_ms;
+    let wall0 = wall_ms() + lead_ms as f64;
+    let received = Arc::new(AtomicU64::new(0));
+    let published = Arc::new(AtomicU64::new(0));
+    let publishing = Arc::new(AtomicU64::new(1));
+    // Consumers stop when everything published has come out, or well after the last due time.
+    let deadline = Instant::now()
+        + Duration::from_millis(lead_ms)
+        + Duration::from_secs_f64(ctx.opts.timer_secs)
+        + Duration::from_secs(15);
+    let mut consumers = Vec::new();
+    for i in 0..ctx.opts.clients {
+        let (http, qurl) = (ctx.http.clone(), ctx.queue_url(i, queue));
+        let (received, published, publishing) =
+            (received.clone(), published.clone(), publishing.clone());
+        consumers.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            loop {
+                let done = publishing.load(Ordering::Acquire) == 0
+                    && received.load(Ordering::Relaxed) >= published.load(Ordering::Relaxed);
+                if done || Instant::now() > deadline {
+                    return t;
+                }
+                match reserve(&http, &qurl).await {
+                    Ok(Some((id, lease, due))) => {
+                        t.samples_ms.push(wall_ms() - due);
+                        received.fetch_add(1, Ordering::Relaxed);
+                        match ack(&http, &qurl, &id, &lease).await {
+                            Ok(()) => t.jobs += 1,
+                            Err(e) => t.error(e),
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => t.error(e),
+                }
+            }
+        }));
+    }
+    let late_publishes = Arc::new(AtomicU64::new(0));
+    let pub_errors = Arc::new(Mutex::new(Tally::default()));
+    // Publishing runs `lead` ahead of the due times: job i is sent at (its due − lead).
+    open_loop(rate, n, 4096, |i, _| {
+        let due = wall0 + i as f64 * 1000.0 / rate.max(1) as f64;
+        let (http, qurl) = (ctx.http.clone(), ctx.queue_url(i as usize, queue));
+        let (published, late, errs) =
+            (published.clone(), late_publishes.clone(), pub_errors.clone());
+        async move {
+            let delay = due - wall_ms();
+            if delay < 0.0 {
+                late.fetch_add(1, Ordering::Relaxed);
+            }
+            let url = format!("{qurl}?delay_ms={}", delay.max(0.0).round() as u64);
+            match expect(http.put(&url).body(body()), StatusCode::CREATED).await {
+                Ok(_) => {
+                    published.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    if let Ok(mut t) = errs.lock() {
+                        t.error(e);
+                    }
+                }
+            }
+        }
+    })
+    .await?;
+    publishing.store(0, Ordering::Release);
+    let consumed = join_all(consumers).await?;
+    let lateness = consumed.samples_ms.clone();
+    let early = lateness.iter().filter(|l| **l < 0.0).count() as u64;
+    let pub_errs = take(&pub_errors);
+    let published = published.load(Ordering::Relaxed);
+    let mut row = Row::from_tally(
+        &ctx.system,
+        "timer",
+        consumed,
+        ctx.opts.timer_secs,
+        "lateness (delivery − due)",
+    );
+    row.jobs_per_s = Some(row.jobs as f64 / ctx.opts.timer_secs);
+    row.early = Some(early);
+    row.errors += pub_errs.errors;
+    let missing = published.saturating_sub(row.jobs);
+    let late = late_publishes.load(Ordering::Relaxed);
+    row.prefix_note(format!("{rate}/s due over {}s, published {lead_ms} ms ahead; {published} published, {} delivered{}{}", ctx.opts.timer_secs,
+        lateness.len(),
+        if missing > 0 { format!(", {missing} missing") } else { String::new() },
+        if late > 0 { format!(", {late} published after their due time") } else { String::new() }));
+    row.extra.insert("published".into(), json!(published));
+    row.extra.insert("published_late".into(), json!(late));
+    let hist: Vec<Value> = lateness_histogram(&lateness)
+        .into_iter()
+        .map(|(label, count)| json!({"bucket_ms": label, "count": count}))
+        .collect();
+    row.extra.insert("lateness_histogram".into(), Value::Array(hist));
+    if missing > 0 || early > 0 {
+        row.status = Status::Failed;
+    }
+    Ok(row)
+}
+
+/// `failover`: light publish load through every node; `kill -9` the leader; time until the
+/// first publish *sent after the kill* succeeds through a surviving node. The killed node is
+/// then restarted and caught up so later workloads see the full cluster again.
+pub async fn failover(ctx: &Ctx, cluster: &mut Cluster) -> Result<Row> {
+    if !cluster.is_local() || cluster.urls.len() < 3 {
+        let mut row = Row::new(&ctx.system, "failover", Status::Skipped);
+        row.note = "needs a cluster of ≥ 3 nodes started by the bench".into();
+        return Ok(row);
+    }
+    let queue = "failover";
+    let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
+    // Short timeouts: a request to the dead node fails at once, one stuck behind the
+    // election is abandoned and retried rather than holding a publisher.
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let stop = Arc::new(AtomicU64::new(0));
+    let killed_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let first_ok_after: Arc<Mutex<Option<f64>>> = Arc::new(Mutex::new(None));
+    let publishers = 4usize;
+    let pause = Duration::from_secs_f64(publishers as f64 / ctx.opts.failover_rate.max(1) as f64);
+    let mut tasks = Vec::new();
+    for p in 0..publishers {
+        let urls: Vec<String> = (0..cluster.urls.len()).map(|i| ctx.queue_url(i, queue)).collect();
+        let (http, stop, killed_at, first) =
+            (http.clone(), stop.clone(), killed_at.clone(), first_ok_after.clone());
+        let delay = ctx.opts.publish_delay_ms;
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            let mut k = p;
+            while stop.load(Ordering::Relaxed) == 0 {
+                let url = format!("{}?delay_ms={delay}", urls[k % urls.len()]);
+                k += 1;
+                let sent = Instant::now();
+                let r = expect(http.put(&url).body(body()), StatusCode::CREATED).await;
+                match r {
+                    Ok(_) => {
+                        t.jobs += 1;
+                        let kill = killed_at.lock().ok().and_then(|k| *k);
+                        if let (Some(kill), Ok(mut first)) = (kill, first.lock()) {
+                            if sent >= kill && first.is_none() {
+                                *first = Some(ms_since(kill));
+                            }
+                        }
+                    }
+                    Err(e) => t.error(e),
+                }
+                tokio::time::sleep(pause).await;
+            }
+            t
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.kill9(leader)?;
+    let kill = Instant::now();
+    if let Ok(mut k) = killed_at.lock() {
+        *k = Some(kill);
+    }
+    let new_leader = cluster.wait_new_leader(Some(leader), Duration::from_secs(30)).await;
+    let election_ms = ms_since(kill);
+    let wait_deadline = Instant::now() + Duration::from_secs(30);
+    while first_ok_after.lock().map(|f| f.is_none()).unwrap_or(false)
+        && Instant::now() < wait_deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(1, Ordering::Relaxed);
+    let tally = join_all(tasks).await?;
+    let first = first_ok_after.lock().ok().and_then(|f| *f);
+    let mut row = Row::new(&ctx.system, "failover", Status::Ok);
+    row.jobs = tally.jobs;
+    row.errors = tally.errors;
+    row.extra.insert("killed_leader".into(), json!(leader));
+    row.extra.insert("first_publish_after_kill_ms".into(), json!(first));
+    match (&new_leader, first) {
+        (Ok(new), Some(ms)) => {
+            row.latency_ms = Some(Percentiles { n: 1, p50: ms, p99: ms, p999: ms, max: ms });
+            row.latency_of = "kill → first publish ok";
+            row.extra.insert("new_leader".into(), json!(new));
+            row.extra.insert("leader_agreed_ms".into(), json!(election_ms));
+            row.note = format!(
+                "killed leader {leader}; first publish ok {ms:.0} ms after; all nodes agreed on \
+                 leader {new} after {election_ms:.0} ms; {} failed requests during",
+                tally.errors
+            );
+        }
+        _ => {
+            row.status = Status::Failed;
+            row.note = format!(
+                "killed leader {leader}; no successful publish within 30 s ({:?}; {:?})",
+                new_leader.as_ref().err(),
+                tally.first_error
+            );
+        }
+    }
+    cluster.restart(leader).await.context("restart the killed leader")?;
+    Ok(row)
+}
+
+/// `storage`: bulk-publish delayed jobs (delay 1 day) up to each cumulative count, let the
+/// followers catch up, then read RSS and disk per node. One row per step; the last row
+/// carries the RSS growth from the first step.
+pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
+    if !cluster.is_local() {
+        let mut row = Row::new(&ctx.system, "storage", Status::Skipped);
+        row.note = "needs processes started by the bench (reads /proc and the data dirs)".into();
+        return Ok(vec![row]);
+    }
+    let queue = "storage";
+    let day_ms = 86_400_000;
+    let mut stored = 0u64;
+    let mut rows = Vec::new();
+    let mut first_rss: Vec<(u64, Option<u64>)> = Vec::new();
+    for &target in &ctx.opts.storage_jobs {
+        let more = target.saturating_sub(stored).div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64;
+        let budget = Budget::new(Some(more), 24.0 * 3600.0);
+        // ttl 0 (never): a ttl equal to the delay would expire each job as it comes due.
+        let (tally, secs) = publish_loop(ctx, queue, budget, true, day_ms, "0").await?;
+        stored += tally.jobs;
+        if tally.errors > 0 {
+            bail!("storage: {} failed bulk publishes: {:?}", tally.errors, tally.first_error);
+        }
+        let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
+        cluster.wait_applied(leader, Duration::from_secs(300)).await?;
+        let name = format!("storage {target}");
+        let mut row = Row::from_tally(&ctx.system, &name, tally, secs, "bulk request");
+        let feet = cluster.footprint();
+        let mb = |b: u64| b as f64 / 1e6;
+        let mut parts = Vec::new();
+        let mut nodes = Vec::new();
+        for (id, rss, disk) in &feet {
+            let rss_txt = rss.map_or("?".to_string(), |r| format!("{:.0}", mb(r)));
+            parts.push(format!("n{id} RSS {rss_txt} MB disk {:.0} MB", mb(*disk)));
+            nodes.push(json!({"node": id, "rss_bytes": rss, "disk_bytes": disk}));
+        }
+        row.extra.insert("stored_jobs".into(), json!(stored));
+        row.extra.insert("nodes".into(), Value::Array(nodes));
+        let mut note = format!("{stored} stored (publish rate shown): {}", parts.join(", "));
+        if first_rss.is_empty() {
+            first_rss = feet.iter().map(|(id, rss, _)| (*id, *rss)).collect();
+        } else {
+            let mut growth = Vec::new();
+            for ((id, rss, _), (_, rss0)) in feet.iter().zip(&first_rss) {
+                let g = match (rss, rss0) {
+                    (Some(a), Some(b)) => Some(*a as i64 - *b as i64),
+                    _ => None,
+                };
+                growth.push(json!({"node": id, "rss_growth_bytes": g}));
+                if let Some(g) = g {
+                    note.push_str(&format!("; n{id} RSS growth {:+.0} MB", g as f64 / 1e6));
+                }
+            }
+            row.extra.insert("rss_growth_since_first_step".into(), Value::Array(growth));
+        }
+        row.note = note;
+        rows.push(row);
+    }
+    Ok(rows)
+}
