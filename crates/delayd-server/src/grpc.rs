@@ -11,6 +11,9 @@
 //!   are the only gRPC errors.
 //! - `Internal.Forward` passes opaque payloads to a [`ForwardHandler`], which the service
 //!   implements: followers use it to send client operations to the leader.
+//! - `delayd.v1.Delayd`, the client API ([`crate::api`]), when the handler names the node it
+//!   serves ([`ForwardHandler::node`]): clients and peers share the port, so the address a
+//!   node advertises in the membership is also where clients find it as leader.
 //!
 //! The gRPC deadline a caller sends is enforced by tonic: a handler whose caller gave up is
 //! dropped. Dropping openraft's `append_entries` or `vote` only discards the reply, but a
@@ -40,17 +43,25 @@ pub trait ForwardHandler: Send + Sync + 'static {
     /// Handles one forwarded request and returns the reply payload. An error status is sent
     /// to the caller as is.
     async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, Status>;
+
+    /// The node whose client API this server also serves; `None` (the default) serves only
+    /// the internal services, as the bare transport tests want.
+    fn node(&self) -> Option<crate::Node> {
+        None
+    }
 }
 
-/// The node's internal gRPC services (`Raft` and `Internal`), ready to serve.
+/// The node's gRPC services (`Raft`, `Internal` and, when the handler names its node, the
+/// client API), ready to serve.
 pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
+    let api = forward.node().map(|node| crate::api::server(&node));
     let raft = RaftServer::new(RaftService { raft })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let internal = InternalServer::new(InternalService { handler: forward })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    Server::builder().add_service(raft).add_service(internal)
+    Server::builder().add_service(raft).add_service(internal).add_optional_service(api)
 }
 
 /// Serves the node's internal gRPC services on `listener` until `shutdown` completes, then

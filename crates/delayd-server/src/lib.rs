@@ -13,9 +13,13 @@
 //! - the **service** ([`service`]): validated operations that the HTTP handlers ([`http`]) are
 //!   thin over.
 //!
-//! Errors are mapped to HTTP status codes in exactly one place, [`http::error`].
+//! - the gRPC client API ([`api`]), on the node's gRPC port beside the internal services.
+//!
+//! Errors are mapped to HTTP status codes in exactly one place, [`http::error`], and to gRPC
+//! statuses in one place, [`api::status`].
 
 pub mod admin;
+pub mod api;
 pub mod clock;
 pub mod config;
 pub mod error;

@@ -71,6 +71,11 @@ struct Handler(std::sync::Weak<Inner>);
 
 #[tonic::async_trait]
 impl crate::grpc::ForwardHandler for Handler {
+    /// The node itself, so the gRPC port also serves the client API.
+    fn node(&self) -> Option<Node> {
+        self.0.upgrade().map(|inner| Node { inner })
+    }
+
     async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
         let inner = self.0.upgrade().ok_or_else(|| tonic::Status::unavailable("shutting down"))?;
         let op: ForwardOp = codec::decode(&payload)

@@ -33,6 +33,8 @@ pub(crate) mod meta_key {
     pub(crate) const SNAPSHOT: &[u8] = b"snapshot";
     /// `SnapshotRecord`: present while a snapshot install is incomplete.
     pub(crate) const INSTALLING: &[u8] = b"installing";
+    /// Empty: the log syncer's synced write, which makes every earlier WAL write durable.
+    pub(crate) const WAL_SYNC: &[u8] = b"wal_sync";
 }
 
 /// Every key the store itself keeps in the state machine's [`Cf::Meta`] starts with this; the

@@ -119,7 +119,7 @@ impl Store {
         let db = Arc::new(db::open(&db_dir)?);
         let snapshots = snapshot::SnapshotDir::open(data_dir.join("snapshots"))?;
         let state = StateMachineStore::open(db.clone(), snapshots)?;
-        Ok((LogStore::new(db), state))
+        Ok((LogStore::new(db)?, state))
     }
 }
 
