@@ -99,6 +99,8 @@ pub struct Cluster {
     pub name: String,
     /// Each node's HTTP base URL, in node-id order.
     pub urls: Vec<String>,
+    /// Each node's gRPC address (`host:port`), in node-id order; empty for a target.
+    pub grpc: Vec<String>,
     bin: PathBuf,
     nodes: Vec<Node>,
     // Dropped after `nodes` (field order): the processes die before their directories go.
@@ -140,7 +142,9 @@ impl Cluster {
         }
         let name = format!("delayd {n} node{}", if n == 1 { "" } else { "s" });
         let urls = http.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
-        let mut cluster = Cluster { name, urls, bin: bin.to_path_buf(), nodes, _dir: Some(dir) };
+        let grpc = grpc.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut cluster =
+            Cluster { name, urls, grpc, bin: bin.to_path_buf(), nodes, _dir: Some(dir) };
         for i in 0..n {
             cluster.launch(i)?;
         }
@@ -154,6 +158,7 @@ impl Cluster {
         Cluster {
             name: "delayd target".into(),
             urls,
+            grpc: Vec::new(),
             bin: PathBuf::new(),
             nodes: Vec::new(),
             _dir: None,

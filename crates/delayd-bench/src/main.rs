@@ -229,7 +229,9 @@ async fn run(args: Args) -> Result<ExitCode> {
             let result = match *w {
                 "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
                 "publish-bulk" => workloads::publish(&ctx, true).await.map(|r| vec![r]),
-                "publish-grpc-stream" => Ok(vec![workloads::publish_grpc_stream(&ctx)]),
+                "publish-grpc-stream" => {
+                    workloads::publish_grpc_stream(&ctx).await.map(|r| vec![r])
+                }
                 "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
                 "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
                 "timer" => workloads::timer(&ctx).await.map(|r| vec![r]),

@@ -67,6 +67,8 @@ pub struct Ctx {
     pub http: reqwest::Client,
     /// Nodes' base URLs; client i talks to node i mod n.
     pub urls: Vec<String>,
+    /// Nodes' gRPC addresses (empty for a target given by HTTP URLs only).
+    pub grpc: Vec<String>,
     /// The system's label in the table.
     pub system: String,
     /// A per-run namespace, so reruns against a target never mix.
@@ -86,6 +88,7 @@ impl Ctx {
         Ok(Ctx {
             http,
             urls: cluster.urls.clone(),
+            grpc: cluster.grpc.clone(),
             system: cluster.name.clone(),
             ns: ns.to_string(),
             opts: opts.clone(),
@@ -193,11 +196,64 @@ async fn publish_loop(
     Ok((tally, start.elapsed().as_secs_f64()))
 }
 
-/// `publish-grpc-stream`: waits for the Rust client crate's streaming publish.
-pub fn publish_grpc_stream(ctx: &Ctx) -> Row {
-    let mut row = Row::new(&ctx.system, "publish-grpc-stream", Status::Unavailable);
-    row.note = "not available yet: delayd-client has no PublishStream API".into();
-    row
+/// Batches per `PublishStream` call in `publish-grpc-stream`.
+const STREAM_BATCHES: usize = 16;
+
+/// `publish-grpc-stream`: C clients each sending client-streaming `PublishStream` calls of
+/// [`STREAM_BATCHES`] batches of [`BULK_JOBS`] jobs through `delayd-client` (which goes to
+/// the leader); latency is per call.
+pub async fn publish_grpc_stream(ctx: &Ctx) -> Result<Row> {
+    let name = "publish-grpc-stream";
+    if ctx.grpc.is_empty() {
+        let mut row = Row::new(&ctx.system, name, Status::Unavailable);
+        row.note = "no gRPC addresses for a target given by HTTP URLs".into();
+        return Ok(row);
+    }
+    let per_call = (STREAM_BATCHES * BULK_JOBS) as u64;
+    let batch = delayd_client::PublishBatch {
+        namespace: ctx.ns.clone(),
+        queue: name.into(),
+        bodies: vec![body(); BULK_JOBS],
+        options: Some(delayd_client::JobOptions {
+            due: Some(delayd_client::Due::DelayMs(ctx.opts.publish_delay_ms)),
+            ttl_ms: Some(0),
+            ..Default::default()
+        }),
+        keys: Vec::new(),
+    };
+    let budget = Budget::new(ctx.opts.jobs, ctx.opts.secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..ctx.opts.clients {
+        let client = delayd_client::Client::connect(&ctx.grpc).await?;
+        let (budget, batches) = (budget.clone(), vec![batch.clone(); STREAM_BATCHES]);
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::default();
+            while budget.take(per_call) {
+                let t0 = Instant::now();
+                match client.publish_stream(batches.clone()).await {
+                    Ok(results) => {
+                        t.samples_ms.push(ms_since(t0));
+                        for r in results {
+                            match r.error {
+                                None => t.jobs += r.job_ids.len() as u64,
+                                Some(e) => t.error(format!("batch: {}", e.message)),
+                            }
+                        }
+                    }
+                    Err(e) => t.error(e),
+                }
+            }
+            t
+        }));
+    }
+    let tally = join_all(tasks).await?;
+    let mut row = Row::from_tally(&ctx.system, name, tally, start.elapsed().as_secs_f64(), "call");
+    row.prefix_note(format!(
+        "{STREAM_BATCHES} batches x {BULK_JOBS} jobs per call, delay {} ms",
+        ctx.opts.publish_delay_ms
+    ));
+    Ok(row)
 }
 
 /// Preloads `n` ready jobs into `queue` with bulk publishes and waits until all are ready.
