@@ -28,6 +28,24 @@ pub const META_CLOCK: &[u8] = b"clock";
 /// Meta key of the ready/dead-letter sequence counter.
 pub const META_SEQ: &[u8] = b"seq";
 
+/// Meta key of the timer index's floor (see [`floor`]).
+pub const META_TIMERS_FLOOR: &[u8] = b"floor/timers";
+
+/// Meta key of a queue's ready-index floor.
+///
+/// A floor is a key of an index below which the index holds no live entry. Queues are
+/// consumed from their head, and RocksDB keeps the deleted head entries as tombstones until a
+/// compaction; a scan from the start of the range would step over every one of them, so
+/// reserving and ticking would slow down with every job consumed. Scans start at the floor
+/// instead: after consuming the first entries, the floor moves to the first entry left, and
+/// an insert below the floor lowers it. The floor is replicated state like any other, so
+/// every node scans the same way.
+pub fn floor(q: &QueueName) -> Vec<u8> {
+    let mut k = b"floor/ready/".to_vec();
+    k.extend(queue(q));
+    k
+}
+
 /// What a timer entry fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]

@@ -197,7 +197,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             self.kv.put(Cf::Keys, keys::client_key(queue, key), encode(&rec));
         }
         self.kv.put(Cf::Members, keys::member(queue, job.id), Vec::new());
-        self.set_expiry(&job, true);
+        self.set_expiry(&job, true)?;
         self.index(&mut job)?;
         Ok(Ok(Reply::Published { id: job.id }))
     }
@@ -218,7 +218,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             if self.meta(queue)?.paused {
                 continue;
             }
-            for id in self.scan_ids(Cf::Ready, &keys::queue(queue), want)? {
+            for id in self.take_ready(queue, want)? {
                 let Some(mut job) = self.load(id)? else { continue };
                 self.unindex(&job)?;
                 job.attempts = job.attempts.saturating_add(1);
@@ -355,7 +355,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             job.expires_ms = ttl_ms.map(|ttl| self.now.saturating_add(ttl));
             job.due_ms = self.now;
             job.state = JobState::Ready;
-            self.set_expiry(&job, true);
+            self.set_expiry(&job, true)?;
             self.index(&mut job)?;
             n += 1;
         }
@@ -366,11 +366,17 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         let mut due = Vec::new();
         let end = keys::timer(self.now.saturating_add(1), TimerKind::Expire, JobId(0));
         let want = limit as usize + 1;
-        self.kv.scan(Cf::Timers, &[], &end, &mut |k, v| {
+        let floor = self.kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.unwrap_or_default();
+        self.kv.scan(Cf::Timers, &floor, &end, &mut |k, v| {
             due.push((k.to_vec(), v.to_vec()));
             due.len() < want
         })?;
         let more = due.len() > limit as usize;
+        // Everything below `end` fires now, except past the limit: the floor moves to the
+        // first timer left. Firing may add timers below it (a lease, a due time in the past),
+        // and `put_timer` lowers it again for those.
+        let new_floor = if more { due[limit as usize].0.clone() } else { end.clone() };
+        self.kv.put(Cf::Meta, keys::META_TIMERS_FLOOR.to_vec(), new_floor);
         due.truncate(limit as usize);
         let fired = due.len() as u64;
         for (key, payload) in due {
@@ -437,7 +443,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
 
     fn bury_job(&mut self, job: &mut Job) -> Result<(), KvError> {
         self.unindex(job)?;
-        self.set_expiry(job, false); // a dead job never expires
+        self.set_expiry(job, false)?; // a dead job never expires
         job.lease = None;
         job.state = JobState::Dead;
         self.index(job)
@@ -448,7 +454,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     fn remove(&mut self, job: Job, keep_key: bool) -> Result<(), KvError> {
         self.unindex(&job)?;
         if job.state != JobState::Dead {
-            self.set_expiry(&job, false);
+            self.set_expiry(&job, false)?;
         }
         self.kv.delete(Cf::Members, keys::member(&job.queue, job.id));
         self.kv.delete(Cf::Jobs, job.id.to_bytes().to_vec());
@@ -459,7 +465,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 self.kv.put(Cf::Keys, k, encode(&rec));
                 let gc = self.now.saturating_add(DEDUP_WINDOW_MS);
                 let payload = encode(&(job.queue.clone(), key.clone()));
-                self.kv.put(Cf::Timers, keys::timer(gc, TimerKind::KeyGc, job.id), payload);
+                self.put_timer(keys::timer(gc, TimerKind::KeyGc, job.id), payload)?;
                 self.effects.timer_added(gc);
             } else {
                 self.kv.delete(Cf::Keys, k);
@@ -480,16 +486,17 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     }
 
     /// Adds the ttl timer (`on`) or removes it.
-    fn set_expiry(&mut self, job: &Job, on: bool) {
+    fn set_expiry(&mut self, job: &Job, on: bool) -> Result<(), KvError> {
         if let Some(exp) = job.expires_ms {
             let key = keys::timer(exp, TimerKind::Expire, job.id);
             if on {
-                self.kv.put(Cf::Timers, key, Vec::new());
+                self.put_timer(key, Vec::new())?;
                 self.effects.timer_added(exp);
             } else {
                 self.kv.delete(Cf::Timers, key);
             }
         }
+        Ok(())
     }
 
     /// Removes the job from the indexes of its current state and from the state's count.
@@ -527,25 +534,25 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         let q = job.queue.clone();
         match job.state {
             JobState::Delayed => {
-                self.kv.put(
-                    Cf::Timers,
-                    keys::timer(job.due_ms, TimerKind::Due, job.id),
-                    Vec::new(),
-                );
+                self.put_timer(keys::timer(job.due_ms, TimerKind::Due, job.id), Vec::new())?;
                 self.effects.timer_added(job.due_ms);
                 self.add_hist(&q, job.due_ms, 1)?;
             }
             JobState::Ready => {
-                self.kv.put(Cf::Ready, keys::ready(&q, job.priority, job.seq, job.id), Vec::new());
+                let key = keys::ready(&q, job.priority, job.seq, job.id);
+                let floor = keys::floor(&q);
+                if self.kv.get(Cf::Meta, &floor)?.is_some_and(|f| key < f) {
+                    self.kv.put(Cf::Meta, floor, key.clone());
+                }
+                self.kv.put(Cf::Ready, key, Vec::new());
                 self.effects.ready_queues.insert(q.clone());
             }
             JobState::Reserved => {
                 if let Some(l) = job.lease {
-                    self.kv.put(
-                        Cf::Timers,
+                    self.put_timer(
                         keys::timer(l.deadline_ms, TimerKind::Lease, job.id),
                         Vec::new(),
-                    );
+                    )?;
                     self.effects.timer_added(l.deadline_ms);
                 }
             }
@@ -625,6 +632,36 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             }
             ids.len() < limit
         })?;
+        Ok(ids)
+    }
+
+    /// Adds a timer, lowering the timer floor when it lands below it.
+    fn put_timer(&mut self, key: Vec<u8>, payload: Vec<u8>) -> Result<(), KvError> {
+        if self.kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.is_some_and(|f| key < f) {
+            self.kv.put(Cf::Meta, keys::META_TIMERS_FLOOR.to_vec(), key.clone());
+        }
+        self.kv.put(Cf::Timers, key, payload);
+        Ok(())
+    }
+
+    /// The ids of the first `want` ready jobs of `queue`, scanning from the queue's floor and
+    /// moving the floor to the first entry left behind (they are about to leave the index).
+    fn take_ready(&mut self, queue: &QueueName, want: usize) -> Result<Vec<JobId>, KvError> {
+        let prefix = keys::queue(queue);
+        let end = keys::prefix_end(&prefix);
+        let floor_key = keys::floor(queue);
+        let from = self.kv.get(Cf::Meta, &floor_key)?.unwrap_or_else(|| prefix.clone());
+        let mut ids = Vec::new();
+        let mut next = None;
+        self.kv.scan(Cf::Ready, &from, &end, &mut |k, _| {
+            if ids.len() == want {
+                next = Some(k.to_vec());
+                return false;
+            }
+            ids.extend(keys::trailing_id(k));
+            true
+        })?;
+        self.kv.put(Cf::Meta, floor_key, next.unwrap_or(end));
         Ok(ids)
     }
 

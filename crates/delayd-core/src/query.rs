@@ -27,9 +27,14 @@ pub fn job_by_key(kv: &impl KvRead, queue: &QueueName, key: &str) -> Result<Opti
 /// Up to `limit` jobs from the head of a per-queue index (Ready or Dead), in order.
 fn head(kv: &impl KvRead, cf: Cf, queue: &QueueName, limit: usize) -> Result<Vec<Job>, KvError> {
     let prefix = keys::queue(queue);
+    // The ready index is consumed from its head: start past its tombstones (keys::floor).
+    let from = match cf {
+        Cf::Ready => kv.get(Cf::Meta, &keys::floor(queue))?.unwrap_or_else(|| prefix.clone()),
+        _ => prefix.clone(),
+    };
     let mut ids = Vec::new();
     if limit > 0 {
-        kv.scan(cf, &prefix, &keys::prefix_end(&prefix), &mut |k, _| {
+        kv.scan(cf, &from, &keys::prefix_end(&prefix), &mut |k, _| {
             ids.extend(keys::trailing_id(k));
             ids.len() < limit
         })?;
@@ -96,7 +101,9 @@ pub fn due_histogram(
 /// The earliest pending deadline of any kind: when the timer pump must next run.
 pub fn next_deadline(kv: &impl KvRead) -> Result<Option<u64>, KvError> {
     let mut next = None;
-    kv.scan(Cf::Timers, &[], &[], &mut |k, _| {
+    // From the floor: the fired timers below it are tombstones until a compaction.
+    let floor = kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.unwrap_or_default();
+    kv.scan(Cf::Timers, &floor, &[], &mut |k, _| {
         next = keys::parse_timer(k).map(|(d, _, _)| d);
         false
     })?;

@@ -178,6 +178,24 @@ impl Machine {
                         u64::from_be_bytes(v.try_into()?)
                     )
                 }
+                // Floors are index keys: the first timer or ready entry a scan starts from.
+                Cf::Meta if k == keys::META_TIMERS_FLOOR => match keys::parse_timer(v) {
+                    Some((d, kind, id)) => {
+                        format!("Meta floor/timers = timer {d} {kind:?} #{}", id.0)
+                    }
+                    None => format!("Meta floor/timers = {v:?}"),
+                },
+                Cf::Meta if k.starts_with(b"floor/ready/") => {
+                    let (q, _) = keys::split_queue(&k[b"floor/ready/".len()..]).ok_or("bad key")?;
+                    // The floor is the queue's first ready key left, or the end of its range.
+                    let id = keys::split_queue(v)
+                        .filter(|(fq, _)| *fq == q)
+                        .and_then(|(_, rest)| keys::trailing_id(rest));
+                    match id {
+                        Some(id) => format!("Meta floor/ready {q} = #{}", id.0),
+                        None => format!("Meta floor/ready {q} = end"),
+                    }
+                }
                 Cf::Meta => format!(
                     "Meta {} = {}",
                     String::from_utf8_lossy(k),

@@ -48,11 +48,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let clients = arg("--clients", 64);
     let timer_jobs = arg("--timer-jobs", 2000);
     let in_flight = arg("--in-flight", Config::default().max_in_flight);
+    let linger_us = arg("--linger-us", Config::default().batch_linger.as_micros() as usize);
     let dir = tempfile::tempdir()?;
     let node = Node::start(Config {
         data_dir: dir.path().to_path_buf(),
         grpc_addr: "127.0.0.1:0".parse()?,
         max_in_flight: in_flight,
+        batch_linger: std::time::Duration::from_micros(linger_us as u64),
         ..Config::default()
     })
     .await?;

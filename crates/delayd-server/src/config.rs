@@ -33,6 +33,8 @@ pub struct Config {
     /// Most log entries the proposer keeps in flight at once (pipelining; 1 = one round
     /// trip to the quorum per entry).
     pub max_in_flight: usize,
+    /// Longest the proposer waits, under load, for an entry's batch to fill (0: never).
+    pub batch_linger: Duration,
     /// Most deadlines one tick fires.
     pub tick_limit: u32,
     /// Build a snapshot after this many log entries.
@@ -58,6 +60,7 @@ impl Default for Config {
             request_timeout: Duration::from_secs(5),
             max_batch: 512,
             max_in_flight: 1,
+            batch_linger: Duration::from_millis(1),
             tick_limit: 1024,
             snapshot_logs: 50_000,
             keep_logs: 10_000,

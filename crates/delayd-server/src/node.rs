@@ -131,8 +131,13 @@ impl Node {
         }
 
         let clock = Clock::default();
-        let proposer =
-            Proposer::spawn(raft.clone(), clock.clone(), config.max_batch, config.max_in_flight);
+        let proposer = Proposer::spawn(
+            raft.clone(),
+            clock.clone(),
+            config.max_batch,
+            config.max_in_flight,
+            config.batch_linger,
+        );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
             config,

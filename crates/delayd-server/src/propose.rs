@@ -17,6 +17,7 @@ use delayd_core::{Command, Entry, Outcome};
 use delayd_store::Raft;
 use openraft::error::{ClientWriteError, RaftError};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
@@ -36,11 +37,17 @@ pub struct Proposer {
 
 impl Proposer {
     /// Starts the proposer over `raft`, packing at most `max_batch` commands per entry,
-    /// keeping at most `max_in_flight` entries in flight, and stamping each entry with
-    /// `clock`.
-    pub fn spawn(raft: Raft, clock: Clock, max_batch: usize, max_in_flight: usize) -> Self {
+    /// keeping at most `max_in_flight` entries in flight, waiting at most `linger` for a
+    /// batch to fill under load, and stamping each entry with `clock`.
+    pub fn spawn(
+        raft: Raft,
+        clock: Clock,
+        max_batch: usize,
+        max_in_flight: usize,
+        linger: Duration,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(raft, clock, rx, max_batch.max(1), max_in_flight.max(1)));
+        tokio::spawn(run(raft, clock, rx, max_batch.max(1), max_in_flight.max(1), linger));
         Proposer { tx }
     }
 
@@ -70,8 +77,10 @@ async fn run(
     mut rx: mpsc::Receiver<Pending>,
     max_batch: usize,
     max_in_flight: usize,
+    linger: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(max_in_flight));
+    let mut last_size = 0;
     loop {
         // A slot first, then the requests: whatever queues while all slots are busy goes
         // into the next entry together.
@@ -79,15 +88,24 @@ async fn run(
         let Some(first) = rx.recv().await else { return };
         let mut size = first.commands.len();
         let mut batch = vec![first];
+        // Closed-loop clients answered by the previous entry send their next requests over
+        // the following fraction of a millisecond. Proposing at once would send a handful
+        // and leave the rest for a whole round trip later; so, under load, linger until half
+        // as many commands as last time have arrived, or `linger` has passed. At low load
+        // the target is one command, and nothing waits.
+        let target = (last_size / 2).clamp(1, max_batch);
+        let until = tokio::time::Instant::now() + linger;
         while size < max_batch {
-            match rx.try_recv() {
-                Ok(p) => {
-                    size += p.commands.len();
-                    batch.push(p);
-                }
-                Err(_) => break,
-            }
+            let next = match rx.try_recv() {
+                Ok(p) => Some(p),
+                Err(_) if size >= target || linger.is_zero() => None,
+                Err(_) => tokio::time::timeout_at(until, rx.recv()).await.ok().flatten(),
+            };
+            let Some(p) = next else { break };
+            size += p.commands.len();
+            batch.push(p);
         }
+        last_size = size;
         let mut commands = Vec::with_capacity(size);
         let mut lens = Vec::with_capacity(batch.len());
         let mut replies = Vec::with_capacity(batch.len());
