@@ -209,10 +209,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&i) => Some(i),
             Bound::Unbounded => None,
         };
-        let db = self.db.clone();
-        blocking(move || read_entries(&db, start, end))
-            .await
-            .map_err(storage_err(subject::read_logs))
+        // Inline: replication reads the entries just appended, from the memtable, in
+        // microseconds; a hop to the blocking pool would cost more than the read.
+        read_entries(&self.db, start, end).map_err(storage_err(subject::read_logs))
     }
 }
 
@@ -279,10 +278,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<LogEntry> = entries.into_iter().collect();
-        let db = self.db.clone();
-        blocking(move || append_entries(&db, &entries))
-            .await
-            .map_err(storage_err(subject::write_logs))?;
+        // Inline: an unsynced write goes to the memtable and the WAL's page cache in
+        // microseconds (the fsync is the syncer's); a hop to the blocking pool would cost more.
+        append_entries(&self.db, &entries).map_err(storage_err(subject::write_logs))?;
         // Written but not yet synced: the syncer completes the callback once it is on disk,
         // and only then may openraft count it towards a quorum.
         self.syncer.syncer.submit(callback);
