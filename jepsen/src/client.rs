@@ -268,6 +268,16 @@ impl Recorder {
         }
     }
 
+    /// Operations recorded so far.
+    pub fn len(&self) -> usize {
+        self.ops.lock().map(|o| o.len()).unwrap_or_default()
+    }
+
+    /// Whether nothing was recorded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The history so far, flushed to disk.
     pub fn history(&self) -> Vec<Op> {
         if let Ok(mut f) = self.file.lock() {

@@ -143,7 +143,7 @@ fn recheck(dir: &std::path::Path, tolerance_ms: Option<u64>) -> anyhow::Result<V
         None => {
             let plan: delayd_jepsen::plan::Plan =
                 serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json"))?)?;
-            plan.max_offset_ms + 10
+            plan.tolerance_ms()
         }
     };
     let report = delayd_jepsen::checker::check(&history, tolerance_ms);

@@ -135,9 +135,23 @@ pub struct Plan {
     pub workload: WorkloadPlan,
     /// The faults, in time order, never overlapping.
     pub faults: Vec<PlannedFault>,
-    /// The largest clock offset planned, in ms: the tolerance of the early and lease checks
-    /// is this plus a margin.
-    pub max_offset_ms: u64,
+}
+
+/// How much earlier than publish-invoke + delay a delivery may complete without a clock
+/// fault: the node stamps time in whole ms, so a hair of rounding, nothing more.
+pub const EARLY_MARGIN_MS: u64 = 10;
+
+impl Plan {
+    /// The largest clock offset planned, in ms.
+    pub fn max_offset_ms(&self) -> u64 {
+        self.faults.iter().map(|f| f.offset_ms.unsigned_abs()).max().unwrap_or(0)
+    }
+
+    /// The tolerance of the early and lease checks: the largest planned clock offset plus
+    /// [`EARLY_MARGIN_MS`].
+    pub fn tolerance_ms(&self) -> u64 {
+        self.max_offset_ms() + EARLY_MARGIN_MS
+    }
 }
 
 /// How a plan is shaped.
@@ -225,7 +239,6 @@ pub fn generate(spec: &PlanSpec) -> Plan {
     }
     // CI mode ends once its faults are done and the cluster had time to settle after the last.
     let duration_ms = if spec.long { spec.duration_ms } else { t.min(spec.duration_ms) };
-    let max_offset_ms = faults.iter().map(|f| f.offset_ms.unsigned_abs()).max().unwrap_or(0);
     Plan {
         seed: spec.seed,
         mode: if spec.long { "long" } else { "ci" }.into(),
@@ -233,7 +246,6 @@ pub fn generate(spec: &PlanSpec) -> Plan {
         duration_ms,
         workload,
         faults,
-        max_offset_ms,
     }
 }
 
@@ -273,7 +285,7 @@ mod tests {
         let last = plan.faults.last().expect("faults");
         assert!(last.at_ms + last.hold_ms < plan.duration_ms);
         assert!(plan.duration_ms < 200_000, "CI mode stays short: {}", plan.duration_ms);
-        assert!(plan.max_offset_ms >= 2_000 && plan.max_offset_ms < 5_000);
+        assert!(plan.max_offset_ms() >= 2_000 && plan.max_offset_ms() < 5_000);
     }
 
     #[test]

@@ -89,7 +89,7 @@ impl Drop for Teardown {
     }
 }
 
-fn make_backend(opts: &Options, dir: &Path, seed: u64) -> anyhow::Result<Box<dyn Backend>> {
+fn make_backend(opts: &Options, dir: &Path) -> anyhow::Result<Box<dyn Backend>> {
     Ok(match opts.backend {
         BackendKind::Docker => {
             Box::new(DockerBackend::new(opts.repo.clone(), "delayd-jepsen".to_string())?)
@@ -99,7 +99,6 @@ fn make_backend(opts: &Options, dir: &Path, seed: u64) -> anyhow::Result<Box<dyn
             if !netns {
                 println!("local backend without network namespaces: no partition faults");
             }
-            let _ = seed;
             Box::new(LocalBackend::new(opts.bin.clone(), dir.join("nodes"), netns)?)
         }
     })
@@ -127,7 +126,7 @@ pub async fn run_once(opts: &Options, seed: u64) -> anyhow::Result<Verdict> {
     println!("seed: {seed}");
     println!("output: {}", dir.display());
 
-    let backend = make_backend(opts, &dir, seed)?;
+    let backend = make_backend(opts, &dir)?;
     let spec = PlanSpec {
         seed,
         long: opts.long,
@@ -205,7 +204,7 @@ async fn drive(
     shared.running.store(false, Ordering::Relaxed);
     join_bounded(workers, Duration::from_secs(30)).await;
     let workload_end_ms = recorder.now_ms();
-    println!("workload done: {} operations", recorder.history().len());
+    println!("workload done: {} operations", recorder.len());
 
     // Recovery and drain share one bound; past it the run is unknown, not failed.
     let deadline = tokio::time::Instant::now() + opts.drain_limit;
@@ -223,7 +222,7 @@ async fn drive(
     let history = recorder.history();
     write_json(&dir.join("faults.json"), &windows)?;
 
-    let tolerance_ms = plan.max_offset_ms + EARLY_MARGIN_MS;
+    let tolerance_ms = plan.tolerance_ms();
     let mut report = checker::check(&history, tolerance_ms);
     report.anomalies.extend(checker::check_convergence(&convergence));
     let lateness = crate::stats::lateness(&history, &windows);
@@ -275,10 +274,6 @@ async fn drive(
     println!("{text}");
     Ok(verdict)
 }
-
-/// How much earlier than publish-invoke + delay a delivery may complete without a clock
-/// fault: the node stamps time in whole ms, so a hair of rounding, nothing more.
-const EARLY_MARGIN_MS: u64 = 10;
 
 async fn await_leader(client: &Client, limit: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + limit;

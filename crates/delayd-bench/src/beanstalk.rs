@@ -17,7 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
 use crate::cluster::{free_ports, Proc};
-use crate::stats::{join_all, ms_since, Budget, Row, Status, Tally};
+use crate::stats::{join_all, ms_since, Budget, Row, Tally};
 use crate::workloads::{body, Opts};
 
 /// Priority of every job (beanstalkd's conventional default).
@@ -295,19 +295,5 @@ pub async fn drain(server: &Server, opts: &Opts) -> Result<Row> {
             (t, last_ack)
         }));
     }
-    let mut all = Tally::default();
-    let mut secs: f64 = 0.0;
-    for task in tasks {
-        let (t, last_ack) = task.await?;
-        secs = secs.max(last_ack);
-        all.merge(t);
-    }
-    let missing = total.saturating_sub(all.jobs);
-    let mut row = Row::from_tally(server.mode.label(), "drain", all, secs, "reserve+ack");
-    row.prefix_note(format!("{total} preloaded ready jobs"));
-    if missing > 0 {
-        row.status = Status::Failed;
-        row.prefix_note(format!("{missing} of {total} jobs not drained"));
-    }
-    Ok(row)
+    crate::workloads::drain_row(server.mode.label(), tasks, total).await
 }

@@ -315,7 +315,17 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
             (t, last_ack)
         }));
     }
-    // The run ends at the last ack, not at the last consumer's final empty poll.
+    drain_row(&ctx.system, tasks, total).await
+}
+
+/// The `drain` row of any system from its consumers' `(tally, seconds to their last ack)`:
+/// the run ends at the last ack, not at the last consumer's final empty poll, and any job
+/// left undrained fails it.
+pub async fn drain_row(
+    system: &str,
+    tasks: Vec<tokio::task::JoinHandle<(Tally, f64)>>,
+    total: u64,
+) -> Result<Row> {
     let mut all = Tally::default();
     let mut secs: f64 = 0.0;
     for task in tasks {
@@ -324,7 +334,7 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
         all.merge(t);
     }
     let missing = total.saturating_sub(all.jobs);
-    let mut row = Row::from_tally(&ctx.system, "drain", all, secs, "reserve+ack");
+    let mut row = Row::from_tally(system, "drain", all, secs, "reserve+ack");
     row.prefix_note(format!("{total} preloaded ready jobs"));
     if missing > 0 {
         row.status = Status::Failed;

@@ -189,26 +189,13 @@ fn refused(s: &Status) -> Option<Error> {
     }
 }
 
-/// Whether tonic produced `status` because it could not open a connection: then the call
-/// never left this client.
-fn is_connect_failure(status: &Status) -> bool {
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        if e.is::<tonic::ConnectError>() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
-}
-
 fn classify(s: &Status) -> Failure {
     if let Some(e) = refused(s) {
         return Failure::Final(e);
     }
     let from_server = s.metadata().contains_key(NODE_HEADER);
     let msg = s.message().to_string();
-    if is_connect_failure(s)
+    if delayd_proto::is_connect_failure(s)
         || s.metadata().get(WRITTEN_HEADER).is_some_and(|v| v.as_bytes() == b"no")
         // A node that does not serve the client API rejects the call before running it.
         || s.code() == Code::Unimplemented

@@ -1,11 +1,8 @@
 //! The client against a real three-node cluster on loopback: leader following, retries of
 //! keyed publishes, and `Ambiguous` for unkeyed ones.
 //!
-//! Each node is started in-process with `Node::start`. Its client API is served on a port of
-//! the harness's own (through `grpc::serve` with a handler that names the node) and that port
-//! is what the node advertises, so the leader address in the metadata is where the client
-//! API is, as on a node that serves it on its own port. Forwarded calls arriving there are
-//! passed on to the node's own port.
+//! Each node is started in-process with `Node::start` and serves the client API on its own
+//! gRPC port, the address it advertises.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,36 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use delayd_client::{job_ref, Client, Error, JobOptions, Options};
-use delayd_server::grpc::{self, ForwardHandler};
-use delayd_server::network::{ForwardError, GrpcNetwork};
 use delayd_server::{Config, Node};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tonic::Status;
 
 const NS: &str = "ns";
-
-/// Serves the node's client API and relays forwarded calls to the node's own port.
-struct Front {
-    node: Node,
-    network: GrpcNetwork,
-    own: String,
-}
-
-#[tonic::async_trait]
-impl ForwardHandler for Front {
-    async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, Status> {
-        match self.network.forward(&self.own, payload, Duration::from_secs(10)).await {
-            Ok(reply) => Ok(reply),
-            Err(ForwardError::Unreachable(e)) => Err(Status::unavailable(e)),
-            Err(ForwardError::Status(s)) => Err(s),
-        }
-    }
-
-    fn node(&self) -> Option<Node> {
-        Some(self.node.clone())
-    }
-}
 
 struct Cluster {
     nodes: Vec<Node>,
@@ -60,43 +32,25 @@ async fn free_port() -> std::net::SocketAddr {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let mut fronts = BTreeMap::new();
+        let mut addrs = BTreeMap::new();
         for id in 1..=3u64 {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            fronts.insert(id, l);
+            addrs.insert(id, free_port().await);
         }
-        let addrs: BTreeMap<u64, String> =
-            fronts.iter().map(|(id, l)| (*id, l.local_addr().unwrap().to_string())).collect();
         let mut starts = Vec::new();
         let mut dirs = Vec::new();
-        for (id, front) in fronts {
+        for (&id, &addr) in &addrs {
             let dir = tempfile::tempdir().unwrap();
-            let own = free_port().await;
             let config = Config {
                 node_id: id,
                 data_dir: dir.path().to_path_buf(),
-                grpc_addr: own,
-                advertise_addr: Some(addrs[&id].clone()),
-                initial_members: addrs.clone(),
+                grpc_addr: addr,
+                initial_members: addrs.iter().map(|(id, a)| (*id, a.to_string())).collect(),
                 ..Config::default()
             };
             dirs.push(dir);
-            starts.push(async move {
-                let node = Node::start(config).await.unwrap();
-                let handler = Arc::new(Front {
-                    node: node.clone(),
-                    network: GrpcNetwork::new(),
-                    own: own.to_string(),
-                });
-                tokio::spawn(grpc::serve(
-                    front,
-                    node.raft().clone(),
-                    handler,
-                    std::future::pending(),
-                ));
-                node
-            });
+            starts.push(async move { Node::start(config).await.unwrap() });
         }
+        let addrs = addrs.into_iter().map(|(id, a)| (id, a.to_string())).collect();
         let nodes = futures::future::join_all(starts).await;
         let c = Cluster { nodes, addrs, _dirs: dirs };
         c.leader().await;

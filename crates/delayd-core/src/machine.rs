@@ -373,8 +373,8 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         })?;
         let more = due.len() > limit as usize;
         // Everything below `end` fires now, except past the limit: the floor moves to the
-        // first timer left. Firing may add timers below it (a lease, a due time in the past),
-        // and `put_timer` lowers it again for those.
+        // first timer left. Should a timer that is already due be added later, `put_timer`
+        // lowers the floor again.
         let new_floor = if more { due[limit as usize].0.clone() } else { end.clone() };
         self.kv.put(Cf::Meta, keys::META_TIMERS_FLOOR.to_vec(), new_floor);
         due.truncate(limit as usize);
@@ -636,8 +636,15 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     }
 
     /// Adds a timer, lowering the timer floor when it lands below it.
+    ///
+    /// The floor never passes the first key of deadline `now + 1` (a tick moves it at most
+    /// to there, and replicated time never runs backwards), so only a timer that is due
+    /// already can land below it; every other insert, the publish path's included, skips the
+    /// floor read.
     fn put_timer(&mut self, key: Vec<u8>, payload: Vec<u8>) -> Result<(), KvError> {
-        if self.kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.is_some_and(|f| key < f) {
+        let due_already =
+            keys::parse_timer(&key).is_none_or(|(deadline, _, _)| deadline <= self.now);
+        if due_already && self.kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.is_some_and(|f| key < f) {
             self.kv.put(Cf::Meta, keys::META_TIMERS_FLOOR.to_vec(), key.clone());
         }
         self.kv.put(Cf::Timers, key, payload);

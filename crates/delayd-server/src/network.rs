@@ -156,7 +156,7 @@ impl GrpcNetwork {
         request.set_timeout(timeout);
         match tokio::time::timeout(timeout, client.forward(request)).await {
             Ok(Ok(reply)) => Ok(reply.into_inner().payload),
-            Ok(Err(status)) if is_connect_failure(&status) => {
+            Ok(Err(status)) if delayd_proto::is_connect_failure(&status) => {
                 Err(ForwardError::Unreachable(format!("{addr}: {}", status.message())))
             }
             Ok(Err(status)) => Err(ForwardError::Status(status)),
@@ -249,19 +249,6 @@ fn status_error<E: std::error::Error>(status: Status) -> RpcError<E> {
         }
         _ => RPCError::Network(NetworkError::new(&status)),
     }
-}
-
-/// Whether tonic produced `status` because it could not open a connection (refused, timed
-/// out, no route): then the call never left this node. A status the peer sent has no source.
-fn is_connect_failure(status: &Status) -> bool {
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        if e.is::<tonic::ConnectError>() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
 }
 
 fn io_error(msg: &str) -> std::io::Error {

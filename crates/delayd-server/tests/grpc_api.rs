@@ -1,24 +1,16 @@
 //! The gRPC client API (`delayd.v1.Delayd`) end to end: a real single-node cluster on RocksDB
-//! in a temporary directory, its client API served by [`grpc::serve`] on a loopback port and
-//! called with the generated client.
-//!
-//! The node's own gRPC port serves the API once its forward handler names the node
-//! ([`ForwardHandler::node`]); the harness serves the same router on a port of its own through
-//! a handler that does, so these tests do not depend on how `Node::start` wires it.
+//! in a temporary directory, called on the node's own gRPC port with the generated client.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_client::DelaydClient;
 use delayd_server::api::{self, LEADER_HEADER, NODE_HEADER, WRITTEN_HEADER};
-use delayd_server::grpc::{self, ForwardHandler};
 use delayd_server::{Config, Node, ServiceError};
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -26,25 +18,9 @@ const NS: &str = "ns";
 const Q: &str = "q";
 const UNKNOWN_ID: &str = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
 
-/// Serves the client API of `node` (and its Raft service); forwarding is not needed by a
-/// single node.
-struct ApiOnly(Node);
-
-#[tonic::async_trait]
-impl ForwardHandler for ApiOnly {
-    async fn forward(&self, _payload: Vec<u8>) -> Result<Vec<u8>, Status> {
-        Err(Status::unimplemented("not forwarding"))
-    }
-
-    fn node(&self) -> Option<Node> {
-        Some(self.0.clone())
-    }
-}
-
 struct TestNode {
     node: Node,
     client: DelaydClient<Channel>,
-    stop: Option<oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -62,15 +38,10 @@ impl TestNode {
         })
         .await
         .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let handler = Arc::new(ApiOnly(node.clone()));
-        tokio::spawn(grpc::serve(listener, node.raft().clone(), handler, async {
-            let _ = stopped.await;
-        }));
+        // Port 0: the node binds a free port and advertises it.
+        let addr = node.config().advertised();
         let client = DelaydClient::connect(format!("http://{addr}")).await.unwrap();
-        TestNode { node, client, stop: Some(stop), _dir: dir }
+        TestNode { node, client, _dir: dir }
     }
 
     fn c(&self) -> DelaydClient<Channel> {
@@ -114,10 +85,7 @@ impl TestNode {
         self.c().stats(req).await.unwrap().into_inner()
     }
 
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+    async fn stop(self) {
         self.node.shutdown().await;
     }
 }
