@@ -9,6 +9,8 @@ project=delayd-smoke
 compose() { docker-compose -p "$project" "$@"; }
 trap 'compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
 
+# The same admin token on every node; a namespace token for the data plane.
+export DELAYD_ADMIN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 scripts/docker-image.sh
 compose up -d
 
@@ -23,9 +25,16 @@ while :; do
 done
 echo "cluster formed, leader: node $leader"
 
-id=$(curl -sf -X PUT 'localhost:7771/api/smoke/q?delay_ms=500' -d hello | sed -n 's/.*"job_id":"\([^"]*\)".*/\1/p')
+code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT 'localhost:7771/api/smoke/q' -d x)
+[ "$code" = 401 ] || { echo "a publish without a token answered $code, not 401"; exit 1; }
+token=$(curl -sf -X POST -H "Authorization: Bearer $DELAYD_ADMIN_TOKEN" localhost:7772/token/smoke \
+  | sed -n 's/.*"token":"\([^"]*\)".*/\1/p')
+[ -n "$token" ] || { echo "token creation failed"; exit 1; }
+echo "unauthenticated publish refused (401); token created through node 2"
+
+id=$(curl -sf -X PUT -H "X-Token: $token" 'localhost:7771/api/smoke/q?delay_ms=500' -d hello | sed -n 's/.*"job_id":"\([^"]*\)".*/\1/p')
 [ -n "$id" ] || { echo "publish failed"; exit 1; }
-got=$(curl -sf 'localhost:7773/api/smoke/q?timeout=5')
+got=$(curl -sf "localhost:7773/api/smoke/q?timeout=5&token=$token")
 echo "$got" | grep -q "\"job_id\":\"$id\"" || { echo "consume through another node failed: $got"; exit 1; }
 echo "published $id through node 1, consumed through node 3"
 
@@ -33,7 +42,7 @@ echo "published $id through node 1, consumed through node 3"
 compose kill "delayd$leader" >/dev/null
 survivor=$(( leader % 3 + 1 ))
 deadline=$((SECONDS + 30))
-until curl -sf -m 6 -X PUT "localhost:777$survivor/api/smoke/q" -d after >/dev/null; do
+until curl -sf -m 6 -X PUT -H "X-Token: $token" "localhost:777$survivor/api/smoke/q" -d after >/dev/null; do
   [ $SECONDS -lt $deadline ] || { echo "no publish after killing the leader"; compose logs --tail 50; exit 1; }
   sleep 0.2
 done

@@ -20,15 +20,23 @@ for i in $(seq 1 "$n"); do
   peers+="${peers:+,}$i=127.0.0.1:$((grpc_base + i))"
 done
 
+# One admin token for the whole cluster, made once and kept with the data.
+token_file="$data/admin-token"
+mkdir -p "$data"
+if [ ! -s "$token_file" ]; then
+  (umask 077 && head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$token_file")
+fi
+
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; wait' INT TERM EXIT
 for i in $(seq 1 "$n"); do
   mkdir -p "$data/node$i"
   "$bin" --node-id "$i" --data-dir "$data/node$i" \
     --http-addr "127.0.0.1:$((http_base + i))" --grpc-addr "127.0.0.1:$((grpc_base + i))" \
-    --peers "$peers" >"$data/node$i.log" 2>&1 &
+    --peers "$peers" --admin-token-file "$token_file" >"$data/node$i.log" 2>&1 &
   pids+=($!)
   echo "node $i: http://127.0.0.1:$((http_base + i))  (grpc 127.0.0.1:$((grpc_base + i)), log $data/node$i.log)"
 done
-echo "cluster status: curl http://127.0.0.1:$((http_base + 1))/admin/cluster"
+echo "admin token in $token_file"
+echo "cluster status: curl -H \"Authorization: Bearer \$(cat $token_file)\" http://127.0.0.1:$((http_base + 1))/admin/cluster"
 wait

@@ -86,6 +86,10 @@ impl Server {
             "--grpc-addr".into(),
             format!("127.0.0.1:{grpc_port}"),
         ];
+        // Authentication off, unless the test brings its own security flags.
+        if !extra.iter().any(|a| a.starts_with("--admin-token") || a.starts_with("--dev")) {
+            args.push("--dev".into());
+        }
         args.extend(extra);
         let log = data_dir.with_extension("log");
         let mut server = Server {

@@ -123,6 +123,8 @@ impl Cluster {
             let id = i as u64 + 1;
             let data_dir = dir.path().join(format!("node{id}"));
             let mut args = vec![
+                // The bench measures the queue, not authentication.
+                "--dev".to_string(),
                 "--node-id".to_string(),
                 id.to_string(),
                 "--data-dir".into(),

@@ -44,6 +44,9 @@ use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_client::DelaydClient;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -84,6 +87,16 @@ pub enum Error {
     /// with a key to find out safely.
     #[error("outcome unknown: {0}")]
     Ambiguous(String),
+    /// Refused: no token, or one the cluster does not know (gRPC UNAUTHENTICATED).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// Refused: the token does not open this namespace or call (gRPC PERMISSION_DENIED).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// Refused: the token's rate limit is spent for now (gRPC RESOURCE_EXHAUSTED); nothing
+    /// was written, and the same call can succeed a moment later.
+    #[error("rate limited: {0}")]
+    RateLimited(String),
     /// The server failed (a bug or a storage failure).
     #[error("server error: {0}")]
     Internal(String),
@@ -96,12 +109,20 @@ impl Error {
     /// Whether the server refused the request (4xx-like): nothing was written and the same
     /// request will be refused again.
     pub fn is_refused(&self) -> bool {
-        matches!(self, Error::Invalid(_) | Error::NotFound(_) | Error::Conflict(_))
+        matches!(
+            self,
+            Error::Invalid(_)
+                | Error::NotFound(_)
+                | Error::Conflict(_)
+                | Error::Unauthenticated(_)
+                | Error::PermissionDenied(_)
+                | Error::RateLimited(_)
+        )
     }
 }
 
 /// Tuning of a [`Client`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Options {
     /// Longest wait for one attempt's answer (a long-poll reserve adds its wait to it).
     pub request_timeout: Duration,
@@ -109,6 +130,21 @@ pub struct Options {
     pub retry_for: Duration,
     /// Longest wait to open a connection to one node.
     pub connect_timeout: Duration,
+    /// The credential sent with every call (`authorization: Bearer`): a namespace token, or
+    /// the admin token. `None` for a node started with `--dev`.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for Options {
+    /// The token is a secret: shown only as present or not.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("request_timeout", &self.request_timeout)
+            .field("retry_for", &self.retry_for)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for Options {
@@ -117,6 +153,7 @@ impl Default for Options {
             request_timeout: Duration::from_secs(10),
             retry_for: Duration::from_secs(15),
             connect_timeout: Duration::from_secs(1),
+            token: None,
         }
     }
 }
@@ -164,6 +201,22 @@ struct Inner {
     next: AtomicUsize,
 }
 
+/// The generated client over a channel that adds the credential to every call.
+type Grpc = DelaydClient<InterceptedService<Channel, Credential>>;
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+struct Credential(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Credential {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -185,6 +238,10 @@ fn refused(s: &Status) -> Option<Error> {
         Code::InvalidArgument | Code::OutOfRange => Some(Error::Invalid(m)),
         Code::NotFound => Some(Error::NotFound(m)),
         Code::FailedPrecondition | Code::Aborted | Code::AlreadyExists => Some(Error::Conflict(m)),
+        // The server checks credentials before running a call: nothing was written.
+        Code::Unauthenticated => Some(Error::Unauthenticated(m)),
+        Code::PermissionDenied => Some(Error::PermissionDenied(m)),
+        Code::ResourceExhausted => Some(Error::RateLimited(m)),
         _ => None,
     }
 }
@@ -251,6 +308,16 @@ impl Client {
             .tcp_nodelay(true))
     }
 
+    fn credential(&self) -> Result<Credential, Error> {
+        match &self.inner.options.token {
+            None => Ok(Credential(None)),
+            Some(t) => format!("Bearer {t}")
+                .parse()
+                .map(|v| Credential(Some(v)))
+                .map_err(|_| Error::Invalid("the token is not visible ASCII".into())),
+        }
+    }
+
     fn channel(&self, addr: &str) -> Result<Channel, Error> {
         if let Some(c) = lock(&self.inner.channels).get(addr) {
             return Ok(c.clone());
@@ -300,7 +367,7 @@ impl Client {
     /// Runs one call against the cluster, following the leader and retrying as `retry` allows.
     async fn call<T, F, Fut>(&self, retry: Retry, extra: Duration, f: F) -> Result<T, Error>
     where
-        F: Fn(DelaydClient<Channel>, Duration) -> Fut,
+        F: Fn(Grpc, Duration) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let deadline = Instant::now() + self.inner.options.retry_for;
@@ -309,7 +376,7 @@ impl Client {
         let mut unknown: Option<String> = None;
         loop {
             let addr = self.target();
-            let client = DelaydClient::new(self.channel(&addr)?)
+            let client = DelaydClient::with_interceptor(self.channel(&addr)?, self.credential()?)
                 .max_decoding_message_size(usize::MAX)
                 .max_encoding_message_size(usize::MAX);
             let failure = match tokio::time::timeout(timeout, f(client, timeout)).await {

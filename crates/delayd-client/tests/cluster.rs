@@ -45,6 +45,7 @@ impl Cluster {
                 data_dir: dir.path().to_path_buf(),
                 grpc_addr: addr,
                 initial_members: addrs.iter().map(|(id, a)| (*id, a.to_string())).collect(),
+                auth: delayd_server::config::AuthConfig::dev(),
                 ..Config::default()
             };
             dirs.push(dir);
@@ -124,6 +125,7 @@ fn quick() -> Options {
         request_timeout: Duration::from_millis(700),
         retry_for: Duration::from_secs(10),
         connect_timeout: Duration::from_millis(500),
+        token: None,
     }
 }
 

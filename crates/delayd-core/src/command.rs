@@ -182,6 +182,28 @@ pub enum Command {
         /// Every state, not just ready.
         all: bool,
     },
+    /// Create a namespace token (the admin API's `POST /token/{ns}`). The token string is
+    /// drawn by the node that took the request; a token that exists is rejected, never
+    /// overwritten.
+    CreateToken {
+        /// The token.
+        token: String,
+        /// The namespace it opens.
+        namespace: String,
+        /// Operator's note.
+        description: String,
+        /// Read requests per second per node; 0 = no limit.
+        read_limit: u32,
+        /// Write requests per second per node; 0 = no limit.
+        write_limit: u32,
+    },
+    /// Delete a token of a namespace; `Removed(false)` when the namespace has no such token.
+    DeleteToken {
+        /// The namespace it must belong to.
+        namespace: String,
+        /// The token.
+        token: String,
+    },
     /// Fire every deadline at or before the clock, at most `limit` of them.
     Tick {
         /// Bound on the work one entry does.

@@ -15,9 +15,11 @@
 //! | Queues   | queue                                 | [`QueueMeta`]  |
 //! | DueHist  | queue minute(8)                       | count(8)       |
 //! | Meta     | name                                  | u64 (8)        |
+//! | Meta     | `token/` token                        | [`TokenRecord`] |
 //!
 //! [`Job`]: crate::model::Job
 //! [`QueueMeta`]: crate::model::QueueMeta
+//! [`TokenRecord`]: crate::model::TokenRecord
 
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +45,18 @@ pub const META_TIMERS_FLOOR: &[u8] = b"floor/timers";
 pub fn floor(q: &QueueName) -> Vec<u8> {
     let mut k = b"floor/ready/".to_vec();
     k.extend(queue(q));
+    k
+}
+
+/// Prefix of the namespace tokens in the Meta column family.
+pub const TOKEN_PREFIX: &[u8] = b"token/";
+
+/// Meta key of a namespace token. Keyed by the token so that authenticating a request is one
+/// point lookup; listing a namespace's tokens scans them all, which is fine for the handful
+/// an operator creates.
+pub fn token(token: &str) -> Vec<u8> {
+    let mut k = TOKEN_PREFIX.to_vec();
+    k.extend_from_slice(token.as_bytes());
     k
 }
 

@@ -27,4 +27,4 @@ pub mod query;
 pub use command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
 pub use kv::{Cf, KvError, KvRead, MemKv, Overlay, Write};
 pub use machine::{apply, Effects};
-pub use model::{Job, JobId, JobState, Lease, QueueMeta, QueueName};
+pub use model::{Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecord};

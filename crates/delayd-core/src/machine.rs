@@ -19,7 +19,7 @@ use crate::codec::{decode, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
 use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_SEQ};
 use crate::kv::{Cf, KvError, KvRead, Overlay};
-use crate::model::{Job, JobId, JobState, Lease, QueueMeta, QueueName};
+use crate::model::{Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecord};
 
 /// How long a finished job's client key still dedups publishes.
 pub const DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
@@ -155,6 +155,33 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 let cf = if *all { Cf::Members } else { Cf::Ready };
                 let ids = self.scan_ids(cf, &keys::queue(queue), usize::MAX)?;
                 self.remove_ids(&ids).map(|n| Ok(Reply::Count(n)))
+            }
+            Command::CreateToken { token, namespace, description, read_limit, write_limit } => {
+                let key = keys::token(token);
+                if self.kv.get(Cf::Meta, &key)?.is_some() {
+                    return Ok(Err(Rejection::Invalid("the token exists".into())));
+                }
+                let rec = TokenRecord {
+                    namespace: namespace.clone(),
+                    description: description.clone(),
+                    created_ms: self.now,
+                    read_limit: *read_limit,
+                    write_limit: *write_limit,
+                };
+                self.kv.put(Cf::Meta, key, encode(&rec));
+                Ok(Ok(Reply::Done))
+            }
+            Command::DeleteToken { namespace, token } => {
+                let key = keys::token(token);
+                let rec: Option<TokenRecord> =
+                    self.kv.get(Cf::Meta, &key)?.map(|v| decode(&v)).transpose()?;
+                match rec {
+                    Some(rec) if rec.namespace == *namespace => {
+                        self.kv.delete(Cf::Meta, key);
+                        Ok(Ok(Reply::Removed(true)))
+                    }
+                    _ => Ok(Ok(Reply::Removed(false))),
+                }
             }
             Command::Tick { limit } => self.tick(*limit).map(Ok),
         }

@@ -162,3 +162,20 @@ impl QueueMeta {
         self.counts[state.index()]
     }
 }
+
+/// A namespace's access token, kept in the replicated state so every node agrees on it.
+///
+/// The token string itself is the record's key (see [`crate::keys::token`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    /// The namespace the token opens; it grants nothing in any other namespace.
+    pub namespace: String,
+    /// Free text from the operator who created it.
+    pub description: String,
+    /// When it was created (unix ms, replicated clock).
+    pub created_ms: u64,
+    /// Most read requests (GET) per second on each node; 0 = no limit.
+    pub read_limit: u32,
+    /// Most write requests (everything else) per second on each node; 0 = no limit.
+    pub write_limit: u32,
+}

@@ -6,7 +6,7 @@
 use crate::codec::decode;
 use crate::keys::{self, KeyRecord, META_CLOCK};
 use crate::kv::{Cf, KvError, KvRead};
-use crate::model::{Job, JobId, QueueMeta, QueueName};
+use crate::model::{Job, JobId, QueueMeta, QueueName, TokenRecord};
 
 /// The job with this id, if it exists in `queue`.
 pub fn job(kv: &impl KvRead, queue: &QueueName, id: JobId) -> Result<Option<Job>, KvError> {
@@ -116,4 +116,36 @@ pub fn clock(kv: &impl KvRead) -> Result<u64, KvError> {
         .get(Cf::Meta, META_CLOCK)?
         .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
         .map_or(0, u64::from_be_bytes))
+}
+
+/// The record of a namespace token, if the token exists.
+pub fn token(kv: &impl KvRead, token: &str) -> Result<Option<TokenRecord>, KvError> {
+    kv.get(Cf::Meta, &keys::token(token))?.map(|v| decode(&v)).transpose()
+}
+
+/// Every token of `namespace` (of all namespaces when `None`), ordered by token.
+pub fn tokens(
+    kv: &impl KvRead,
+    namespace: Option<&str>,
+) -> Result<Vec<(String, TokenRecord)>, KvError> {
+    let prefix = keys::TOKEN_PREFIX;
+    let mut out = Vec::new();
+    let mut failed = None;
+    kv.scan(Cf::Meta, prefix, &keys::prefix_end(prefix), &mut |k, v| {
+        match decode::<TokenRecord>(v) {
+            Ok(rec) if namespace.is_none_or(|ns| ns == rec.namespace) => {
+                out.push((String::from_utf8_lossy(&k[prefix.len()..]).into_owned(), rec));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failed = Some(e);
+                return false;
+            }
+        }
+        true
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }

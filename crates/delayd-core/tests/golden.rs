@@ -196,6 +196,11 @@ impl Machine {
                         None => format!("Meta floor/ready {q} = end"),
                     }
                 }
+                Cf::Meta if k.starts_with(keys::TOKEN_PREFIX) => format!(
+                    "Meta {} = {:?}",
+                    String::from_utf8_lossy(k),
+                    codec::decode::<delayd_core::TokenRecord>(v)?
+                ),
                 Cf::Meta => format!(
                     "Meta {} = {}",
                     String::from_utf8_lossy(k),
@@ -327,6 +332,26 @@ impl Runner for Machine {
                 Command::Destroy { queue: q, all: args.lookup_parse("all")?.unwrap_or(false) }
             }
             "tick" => Command::Tick { limit: args.lookup_parse("limit")?.unwrap_or(1000) },
+            "token_create" => Command::CreateToken {
+                namespace: args.next_pos().ok_or("namespace expected")?.value.clone(),
+                token: args.next_pos().ok_or("token expected")?.value.clone(),
+                description: args.lookup_parse("desc")?.unwrap_or_default(),
+                read_limit: args.lookup_parse("read")?.unwrap_or(0),
+                write_limit: args.lookup_parse("write")?.unwrap_or(0),
+            },
+            "token_delete" => Command::DeleteToken {
+                namespace: args.next_pos().ok_or("namespace expected")?.value.clone(),
+                token: args.next_pos().ok_or("token expected")?.value.clone(),
+            },
+            "tokens" => {
+                let ns = args.next_pos().map(|a| a.value.clone());
+                args.reject_rest()?;
+                let mut out = String::new();
+                for (t, r) in query::tokens(&self.kv, ns.as_deref())? {
+                    let _ = writeln!(out, "{t} {r:?}");
+                }
+                return Ok(out);
+            }
             name => return Err(format!("unknown command {name}").into()),
         };
         args.reject_rest()?;
@@ -357,7 +382,7 @@ macro_rules! golden {
     )*};
 }
 
-golden!(publish, reserve, lease, expiry, deadletter, update, queue_ops);
+golden!(publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens);
 
 /// The state machine reads everything through `KvRead`; make sure the clock query sees what
 /// apply stored, so the pump and the machine agree on time.

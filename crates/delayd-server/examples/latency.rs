@@ -55,6 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         grpc_addr: "127.0.0.1:0".parse()?,
         max_in_flight: in_flight,
         batch_linger: std::time::Duration::from_micros(linger_us as u64),
+        auth: delayd_server::config::AuthConfig::dev(),
         ..Config::default()
     })
     .await?;

@@ -43,6 +43,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use crate::auth::{Access, Principal};
 use crate::error::ServiceError;
 use crate::node::{Inner, Node};
 use crate::service::{job_id, queue_name, PublishParams, MAX_BULK, MAX_RESERVE_COUNT};
@@ -74,6 +75,9 @@ const STREAM_POLL: Duration = Duration::from_secs(30);
 /// | Conflict | FAILED_PRECONDITION — the job is not in the state the call needs (stale lease, wrong state); ABORTED would invite a blind retry |
 /// | Unavailable | UNAVAILABLE |
 /// | NotLeader | UNAVAILABLE with `x-delayd-leader` (when known) and `x-delayd-written: no` |
+/// | Unauthenticated | UNAUTHENTICATED |
+/// | Forbidden | PERMISSION_DENIED |
+/// | RateLimited | RESOURCE_EXHAUSTED |
 /// | Internal | INTERNAL |
 pub fn status(e: &ServiceError) -> Status {
     let code = match e {
@@ -81,6 +85,9 @@ pub fn status(e: &ServiceError) -> Status {
         ServiceError::NotFound(_) => Code::NotFound,
         ServiceError::Conflict(_) => Code::FailedPrecondition,
         ServiceError::Unavailable(_) | ServiceError::NotLeader(_) => Code::Unavailable,
+        ServiceError::Unauthenticated(_) => Code::Unauthenticated,
+        ServiceError::Forbidden(_) => Code::PermissionDenied,
+        ServiceError::RateLimited(_) => Code::ResourceExhausted,
         ServiceError::Internal(_) => Code::Internal,
     };
     let mut s = Status::new(code, e.to_string());
@@ -120,6 +127,22 @@ impl Api {
             .upgrade()
             .map(|inner| Node { inner })
             .ok_or_else(|| Status::unavailable("node is shutting down"))
+    }
+
+    /// The node and the authenticated caller, from the `authorization: Bearer` or `x-token`
+    /// metadata (see [`crate::auth`]).
+    async fn caller<T>(&self, request: &Request<T>) -> Result<(Node, Principal), Status> {
+        let node = self.node()?;
+        let meta = request.metadata();
+        let text = |k: &str| meta.get(k).and_then(|v| v.to_str().ok()).map(str::trim);
+        let credential = text("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| text("x-token"))
+            .map(str::trim);
+        match node.authenticate(credential).await {
+            Ok(p) => Ok((node, p)),
+            Err(e) => Err(fail(&node, &e)),
+        }
     }
 }
 
@@ -227,12 +250,39 @@ fn delivery_pb(d: Delivery, now: u64) -> pb::Delivery {
     pb::Delivery { lease: d.lease, job: Some(job_pb(d.job, now)) }
 }
 
-fn job_ref(r: &pb::JobRef) -> Result<(QueueName, delayd_core::JobId), ServiceError> {
-    Ok((queue_name(&r.namespace, &r.queue)?, job_id(&r.job_id)?))
+/// A job reference the caller may write to.
+fn job_ref(
+    node: &Node,
+    caller: &Principal,
+    r: &pb::JobRef,
+) -> Result<(QueueName, delayd_core::JobId), ServiceError> {
+    let queue = queue(node, caller, &r.namespace, &r.queue, Access::Write)?;
+    Ok((queue, job_id(&r.job_id)?))
 }
 
-fn queues(namespace: &str, names: &[String]) -> Result<Vec<QueueName>, ServiceError> {
-    names.iter().map(|q| queue_name(namespace, q)).collect()
+/// A queue name the caller may use for `access`.
+fn queue(
+    node: &Node,
+    caller: &Principal,
+    namespace: &str,
+    name: &str,
+    access: Access,
+) -> Result<QueueName, ServiceError> {
+    let queue = queue_name(namespace, name)?;
+    node.authorize(caller, namespace, access)?;
+    Ok(queue)
+}
+
+/// Queue names of one namespace that the caller may reserve from.
+fn queues(
+    node: &Node,
+    caller: &Principal,
+    namespace: &str,
+    names: &[String],
+) -> Result<Vec<QueueName>, ServiceError> {
+    let queues = names.iter().map(|q| queue_name(namespace, q)).collect::<Result<Vec<_>, _>>()?;
+    node.authorize(caller, namespace, Access::Write)?;
+    Ok(queues)
 }
 
 fn check_items(n: usize) -> Result<(), ServiceError> {
@@ -256,9 +306,9 @@ async fn stopped(node: Node) {
     }
 }
 
-async fn publish_batch(node: &Node, b: pb::PublishBatch) -> pb::BatchResult {
+async fn publish_batch(node: &Node, caller: &Principal, b: pb::PublishBatch) -> pb::BatchResult {
     let result = async {
-        let queue = queue_name(&b.namespace, &b.queue)?;
+        let queue = queue(node, caller, &b.namespace, &b.queue, Access::Write)?;
         let p = params(b.options, None)?;
         if b.keys.is_empty() {
             let ids = node.publish_bulk(queue, &p, b.bodies).await?;
@@ -338,6 +388,7 @@ type Out = mpsc::Sender<Result<pb::ReserveStreamReply, Status>>;
 /// Reads credits and acks until the client closes its side or the reserver is done.
 async fn read_stream(
     node: Node,
+    caller: Principal,
     mut inbound: Streaming<pb::ReserveStreamRequest>,
     flow: Arc<Flow>,
     out: Out,
@@ -354,10 +405,10 @@ async fn read_stream(
                 flow.update(|s| s.credit = s.credit.saturating_add(c.n.into()));
             }
             Ok(Some(pb::ReserveStreamRequest { msg: Some(Msg::Ack(r)) })) => {
-                let (node, out) = (node.clone(), out.clone());
+                let (node, out, caller) = (node.clone(), out.clone(), caller.clone());
                 // Acks run beside the stream so a slow commit never delays credit.
                 tokio::spawn(async move {
-                    let result = match job_ref(&r) {
+                    let result = match job_ref(&node, &caller, &r) {
                         Ok((queue, id)) => node.ack(queue, id, r.lease).await,
                         Err(e) => Err(e),
                     };
@@ -449,10 +500,10 @@ impl Delayd for Api {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let r = request.into_inner();
         let result = async {
-            let queue = queue_name(&r.namespace, &r.queue)?;
+            let queue = queue(&node, &caller, &r.namespace, &r.queue, Access::Write)?;
             let p = params(r.options, r.key)?;
             let published = node.publish(queue, &p, r.body).await?;
             Ok(pb::PublishReply { job_id: published.id.to_string(), existed: published.existed })
@@ -464,7 +515,7 @@ impl Delayd for Api {
         &self,
         request: Request<Streaming<pb::PublishBatch>>,
     ) -> Result<Response<pb::PublishStreamReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let mut inbound = request.into_inner();
         let slots = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
         let mut batches = Vec::new();
@@ -475,10 +526,10 @@ impl Delayd for Api {
                 .await
                 .map_err(|_| Status::internal("publish slots closed"))?;
             let Some(batch) = inbound.message().await? else { break };
-            let node = node.clone();
+            let (node, caller) = (node.clone(), caller.clone());
             // Spawned, so a batch being committed finishes even if the client goes away.
             batches.push(tokio::spawn(async move {
-                let result = publish_batch(&node, batch).await;
+                let result = publish_batch(&node, &caller, batch).await;
                 drop(permit);
                 result
             }));
@@ -498,10 +549,10 @@ impl Delayd for Api {
         &self,
         request: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let r = request.into_inner();
         let result = async {
-            let queues = queues(&r.namespace, &r.queues)?;
+            let queues = queues(&node, &caller, &r.namespace, &r.queues)?;
             let ttr_ms = ttr(r.ttr_ms)?;
             let wait = Duration::from_millis(r.wait_ms);
             let got = tokio::select! {
@@ -525,14 +576,14 @@ impl Delayd for Api {
         request: Request<Streaming<pb::ReserveStreamRequest>>,
     ) -> Result<Response<ReplyStream>, Status> {
         use pb::reserve_stream_request::Msg;
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let mut inbound = request.into_inner();
         let first = match inbound.message().await? {
             Some(pb::ReserveStreamRequest { msg: Some(Msg::Subscribe(s)) }) => Ok(s),
             _ => Err(bad("the first message of a reserve stream must be subscribe")),
         };
         let checked = first.and_then(|s| {
-            let queues = queues(&s.namespace, &s.queues)?;
+            let queues = queues(&node, &caller, &s.namespace, &s.queues)?;
             if queues.is_empty() {
                 return Err(bad("no queue named"));
             }
@@ -545,7 +596,14 @@ impl Delayd for Api {
         let (out, rx) = mpsc::channel(256);
         let flow = Arc::new(Flow::default());
         let (done_tx, done_rx) = watch::channel(false);
-        tokio::spawn(read_stream(node.clone(), inbound, flow.clone(), out.clone(), done_rx));
+        tokio::spawn(read_stream(
+            node.clone(),
+            caller,
+            inbound,
+            flow.clone(),
+            out.clone(),
+            done_rx,
+        ));
         let pusher = node.clone();
         tokio::spawn(async move {
             push_deliveries(pusher, queues, ttr_ms, flow, out).await;
@@ -560,37 +618,39 @@ impl Delayd for Api {
     }
 
     async fn ack(&self, request: Request<pb::JobRef>) -> Result<Response<pb::AckReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let r = request.into_inner();
-        answer(&node, ack_one(&node, r).await.map(|removed| pb::AckReply { removed }))
+        answer(&node, ack_one(&node, &caller, r).await.map(|removed| pb::AckReply { removed }))
     }
 
     async fn release(
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let node = self.node()?;
-        answer(&node, release_one(&node, request.into_inner()).await)
+        let (node, caller) = self.caller(&request).await?;
+        answer(&node, release_one(&node, &caller, request.into_inner()).await)
     }
 
     async fn touch(&self, request: Request<pb::TouchRequest>) -> Result<Response<pb::Job>, Status> {
-        let node = self.node()?;
-        answer(&node, touch_one(&node, request.into_inner()).await)
+        let (node, caller) = self.caller(&request).await?;
+        answer(&node, touch_one(&node, &caller, request.into_inner()).await)
     }
 
     async fn bury(&self, request: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
-        let node = self.node()?;
-        answer(&node, bury_one(&node, request.into_inner()).await)
+        let (node, caller) = self.caller(&request).await?;
+        answer(&node, bury_one(&node, &caller, request.into_inner()).await)
     }
 
     async fn ack_batch(
         &self,
         request: Request<pb::AckBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let items = request.into_inner().items;
         let result = batch(items, |r| async {
-            ack_one(&node, r).await.map(|removed| pb::ItemResult { removed, ..Default::default() })
+            ack_one(&node, &caller, r)
+                .await
+                .map(|removed| pb::ItemResult { removed, ..Default::default() })
         });
         answer(&node, result.await)
     }
@@ -599,9 +659,9 @@ impl Delayd for Api {
         &self,
         request: Request<pb::ReleaseBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let items = request.into_inner().items;
-        let result = batch(items, |r| async { release_one(&node, r).await.map(job_item) });
+        let result = batch(items, |r| async { release_one(&node, &caller, r).await.map(job_item) });
         answer(&node, result.await)
     }
 
@@ -609,9 +669,9 @@ impl Delayd for Api {
         &self,
         request: Request<pb::TouchBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let items = request.into_inner().items;
-        let result = batch(items, |r| async { touch_one(&node, r).await.map(job_item) });
+        let result = batch(items, |r| async { touch_one(&node, &caller, r).await.map(job_item) });
         answer(&node, result.await)
     }
 
@@ -619,17 +679,17 @@ impl Delayd for Api {
         &self,
         request: Request<pb::BuryBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let items = request.into_inner().items;
-        let result = batch(items, |r| async { bury_one(&node, r).await.map(job_item) });
+        let result = batch(items, |r| async { bury_one(&node, &caller, r).await.map(job_item) });
         answer(&node, result.await)
     }
 
     async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::Job>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let r = request.into_inner();
         let result = async {
-            let queue = queue_name(&r.namespace, &r.queue)?;
+            let queue = queue(&node, &caller, &r.namespace, &r.queue, Access::Read)?;
             let (job, missing) = if r.job_id.is_empty() {
                 (node.peek(&queue, r.stale).await?, "the queue is empty")
             } else {
@@ -645,10 +705,10 @@ impl Delayd for Api {
         &self,
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsReply>, Status> {
-        let node = self.node()?;
+        let (node, caller) = self.caller(&request).await?;
         let r = request.into_inner();
         let result = async {
-            let queue = queue_name(&r.namespace, &r.queue)?;
+            let queue = queue(&node, &caller, &r.namespace, &r.queue, Access::Read)?;
             let s = node.stats(&queue, r.stale).await?;
             Ok(pb::StatsReply {
                 paused: s.meta.paused,
@@ -694,8 +754,8 @@ where
     Ok(pb::BatchReply { results })
 }
 
-async fn ack_one(node: &Node, r: pb::JobRef) -> Result<bool, ServiceError> {
-    let (queue, id) = job_ref(&r)?;
+async fn ack_one(node: &Node, caller: &Principal, r: pb::JobRef) -> Result<bool, ServiceError> {
+    let (queue, id) = job_ref(node, caller, &r)?;
     node.ack(queue, id, r.lease).await
 }
 
@@ -703,22 +763,30 @@ fn missing_job() -> ServiceError {
     bad("job is required")
 }
 
-async fn release_one(node: &Node, r: pb::ReleaseRequest) -> Result<pb::Job, ServiceError> {
+async fn release_one(
+    node: &Node,
+    caller: &Principal,
+    r: pb::ReleaseRequest,
+) -> Result<pb::Job, ServiceError> {
     let job = r.job.ok_or_else(missing_job)?;
-    let (queue, id) = job_ref(&job)?;
+    let (queue, id) = job_ref(node, caller, &job)?;
     let released = node.release(queue, id, job.lease, r.delay_ms, r.priority).await?;
     Ok(job_pb(released, node.clock().now_ms()))
 }
 
-async fn touch_one(node: &Node, r: pb::TouchRequest) -> Result<pb::Job, ServiceError> {
+async fn touch_one(
+    node: &Node,
+    caller: &Principal,
+    r: pb::TouchRequest,
+) -> Result<pb::Job, ServiceError> {
     let job = r.job.ok_or_else(missing_job)?;
-    let (queue, id) = job_ref(&job)?;
+    let (queue, id) = job_ref(node, caller, &job)?;
     let touched = node.touch(queue, id, job.lease, ttr(r.ttr_ms)?).await?;
     Ok(job_pb(touched, node.clock().now_ms()))
 }
 
-async fn bury_one(node: &Node, r: pb::JobRef) -> Result<pb::Job, ServiceError> {
-    let (queue, id) = job_ref(&r)?;
+async fn bury_one(node: &Node, caller: &Principal, r: pb::JobRef) -> Result<pb::Job, ServiceError> {
+    let (queue, id) = job_ref(node, caller, &r)?;
     let buried = node.bury(queue, id, r.lease).await?;
     Ok(job_pb(buried, node.clock().now_ms()))
 }

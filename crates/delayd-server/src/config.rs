@@ -41,6 +41,13 @@ pub struct Config {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot, for followers that are only a little behind.
     pub keep_logs: u64,
+    /// Raft heartbeat interval in ms; in openraft 0.9 also every replication RPC's timeout.
+    pub heartbeat_ms: u64,
+    /// Raft election timeout range in ms (min, max); a follower that hears no leader for a
+    /// random time in it starts an election.
+    pub election_timeout_ms: (u64, u64),
+    /// Who may call what (see [`crate::auth`]).
+    pub auth: AuthConfig,
     /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
     /// it to inject clock skew; never enable it in production.
     pub debug_clock: bool,
@@ -64,6 +71,10 @@ impl Default for Config {
             tick_limit: 1024,
             snapshot_logs: 50_000,
             keep_logs: 10_000,
+            // Sized for fsync on a busy disk (notes/openraft.md).
+            heartbeat_ms: 150,
+            election_timeout_ms: (750, 1500),
+            auth: AuthConfig::default(),
             debug_clock: false,
         }
     }
@@ -97,10 +108,48 @@ impl Config {
         if self.join && !self.initial_members.is_empty() {
             return Err("--join and --peers exclude each other".into());
         }
+        if let Some(t) = &self.auth.admin_token {
+            if t.len() < MIN_ADMIN_TOKEN_LEN || t.chars().any(|c| !c.is_ascii_graphic()) {
+                return Err(format!(
+                    "the admin token must be at least {MIN_ADMIN_TOKEN_LEN} visible ASCII \
+                     characters without spaces"
+                ));
+            }
+        }
+        let (min, max) = self.election_timeout_ms;
+        if self.heartbeat_ms == 0 || self.heartbeat_ms >= min || min >= max {
+            return Err(format!(
+                "need 0 < heartbeat ({}) < election timeout min ({min}) < max ({max})",
+                self.heartbeat_ms
+            ));
+        }
         if self.max_batch == 0 || self.tick_limit == 0 || self.max_in_flight == 0 {
             return Err("max batch, max in flight and tick limit must be positive".into());
         }
         Ok(())
+    }
+}
+
+/// Shortest admin token accepted: guessing 16 random characters is out of reach, a short
+/// password is not.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
+/// Authentication settings. The default is secure: every API but `/health` needs a token,
+/// and without an admin token nothing can create one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// Turn authentication off entirely (the `--dev` flag): for a laptop, never a server.
+    pub dev: bool,
+    /// The admin credential; `None` leaves the admin and token APIs closed.
+    pub admin_token: Option<String>,
+    /// Serve `/metrics` without a credential (for scrapers on a trusted network).
+    pub public_metrics: bool,
+}
+
+impl AuthConfig {
+    /// No authentication at all (`--dev`); what tests and benchmarks use.
+    pub fn dev() -> AuthConfig {
+        AuthConfig { dev: true, ..AuthConfig::default() }
     }
 }
 

@@ -25,6 +25,15 @@ pub enum ServiceError {
     /// request can be retried elsewhere. Resolved by forwarding before it reaches a client.
     #[error("this node is not the leader (leader: {0:?})")]
     NotLeader(Option<u64>),
+    /// No credential, or one that is neither the admin token nor a namespace token.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A valid credential that does not open what was asked for.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The token's per-node rate limit is spent for now.
+    #[error("{0}")]
+    RateLimited(String),
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),

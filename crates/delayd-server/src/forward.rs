@@ -97,6 +97,9 @@ impl From<&ServiceError> for WireError {
             ServiceError::Unavailable(m) => (4, m.clone(), None),
             ServiceError::NotLeader(l) => (5, String::new(), *l),
             ServiceError::Internal(m) => (6, m.clone(), None),
+            ServiceError::Unauthenticated(m) => (7, m.clone(), None),
+            ServiceError::Forbidden(m) => (8, m.clone(), None),
+            ServiceError::RateLimited(m) => (9, m.clone(), None),
         };
         WireError { kind, message, leader }
     }
@@ -111,6 +114,9 @@ impl From<WireError> for ServiceError {
             3 => ServiceError::Conflict(w.message),
             4 => ServiceError::Unavailable(w.message),
             5 => ServiceError::NotLeader(w.leader),
+            7 => ServiceError::Unauthenticated(w.message),
+            8 => ServiceError::Forbidden(w.message),
+            9 => ServiceError::RateLimited(w.message),
             _ => ServiceError::Internal(w.message),
         }
     }

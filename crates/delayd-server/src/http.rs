@@ -31,6 +31,9 @@ pub fn error(e: &ServiceError) -> StatusCode {
         ServiceError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
         ServiceError::Conflict(_) => StatusCode::CONFLICT,
+        ServiceError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        ServiceError::Forbidden(_) => StatusCode::FORBIDDEN,
+        ServiceError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
         ServiceError::Unavailable(_) | ServiceError::NotLeader(_) => {
             StatusCode::SERVICE_UNAVAILABLE
         }
@@ -61,7 +64,7 @@ type ApiResult = Result<Response, ApiError>;
 
 /// axum's `Path`, rejecting with a JSON error like every other bad parameter (axum's own
 /// rejection is plain text, e.g. for a segment that is not UTF-8).
-struct Path<T>(T);
+pub(crate) struct Path<T>(pub T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
     type Rejection = ApiError;
@@ -256,6 +259,7 @@ pub fn router(node: Node) -> Router {
     let router = Router::new()
         .route("/health", get(health))
         .merge(crate::admin::routes())
+        .merge(crate::tokens::routes())
         .route("/api/{ns}/{q}", put(publish).get(reserve).delete(destroy))
         .route("/api/{ns}/{q}/bulk", put(bulk).layer(DefaultBodyLimit::max(bulk_limit)))
         .route("/api/{ns}/{q}/job/{id}", get(peek_job).put(republish).delete(ack).patch(update))
@@ -276,6 +280,9 @@ pub fn router(node: Node) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(node.clone(), crate::auth::middleware))
+        // Outermost: the request id's span covers authentication too.
+        .layer(axum::middleware::from_fn(crate::request_id::middleware))
         .with_state(node)
 }
 

@@ -13,13 +13,17 @@
 //! - the **service** ([`service`]): validated operations that the HTTP handlers ([`http`]) are
 //!   thin over.
 //!
-//! - the gRPC client API ([`api`]), on the node's gRPC port beside the internal services.
+//! - the gRPC client API ([`api`]), on the node's gRPC port beside the internal services;
+//! - **authentication** ([`auth`]): the admin token and namespace tokens, which live in the
+//!   replicated state and are managed through the token API ([`tokens`]); a request id per
+//!   HTTP request ([`request_id`]).
 //!
 //! Errors are mapped to HTTP status codes in exactly one place, [`http::error`], and to gRPC
 //! statuses in one place, [`api::status`].
 
 pub mod admin;
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod error;
@@ -30,7 +34,9 @@ pub mod network;
 pub mod node;
 pub mod propose;
 pub mod pump;
+pub mod request_id;
 pub mod service;
+pub mod tokens;
 pub mod waiters;
 
 pub use config::Config;

@@ -41,18 +41,17 @@ pub(crate) struct Inner {
     pub(crate) reader: StateReader,
     pub(crate) proposer: Proposer,
     pub(crate) waiters: Arc<Waiters>,
+    pub(crate) auth: crate::auth::Auth,
     network: GrpcNetwork,
     shutdown: watch::Sender<bool>,
 }
 
 fn raft_config(c: &Config) -> Result<openraft::Config, ServiceError> {
-    // Timeouts sized for fsync on a busy disk (notes/openraft.md): in 0.9 the heartbeat
-    // interval is also every replication RPC's timeout.
     let config = openraft::Config {
         cluster_name: "delayd".into(),
-        heartbeat_interval: 150,
-        election_timeout_min: 750,
-        election_timeout_max: 1500,
+        heartbeat_interval: c.heartbeat_ms,
+        election_timeout_min: c.election_timeout_ms.0,
+        election_timeout_max: c.election_timeout_ms.1,
         // openraft answers the last snapshot chunk only after installing the whole snapshot,
         // so this bounds the install, not one chunk: a 1M-job install takes seconds.
         install_snapshot_timeout: 120_000,
@@ -140,6 +139,7 @@ impl Node {
         );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
+            auth: crate::auth::Auth::new(config.auth.clone()),
             config,
             raft: raft.clone(),
             reader: reader.clone(),

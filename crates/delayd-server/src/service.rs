@@ -192,7 +192,7 @@ impl Node {
         self.propose(commands).await
     }
 
-    async fn write_one(&self, command: Command) -> Result<Reply, ServiceError> {
+    pub(crate) async fn write_one(&self, command: Command) -> Result<Reply, ServiceError> {
         let outcome = self
             .write(vec![command])
             .await?

@@ -1,14 +1,14 @@
 //! `delayd`: run one node. With no arguments it is a single-node cluster with its data in
 //! `./data`, serving lmstfy's HTTP API on port 7777.
 
-use std::net::SocketAddr;
+mod settings;
+
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context;
-use clap::builder::BoolishValueParser;
 use clap::Parser;
-use delayd_server::{http, Config, Node};
+use delayd_server::{http, Node};
+use settings::Settings;
 use tracing_subscriber::EnvFilter;
 
 /// Every request allocates small buffers on several threads (HTTP, gRPC, Raft, RocksDB
@@ -18,83 +18,51 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A Raft-replicated delay queue with lmstfy's HTTP API.
+///
+/// Settings come from the config file, then `DELAYD_*` environment variables, then flags;
+/// each key is documented with its default in delayd.example.toml.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
-    /// Directory for RocksDB and snapshots.
-    #[arg(long, env = "DELAYD_DATA_DIR", default_value = "data")]
-    data_dir: PathBuf,
-    /// HTTP listen address.
-    #[arg(long, env = "DELAYD_HTTP_ADDR", default_value = "0.0.0.0:7777")]
-    http_addr: SocketAddr,
-    /// Internal gRPC listen address (Raft replication, forwarding).
-    #[arg(long, env = "DELAYD_GRPC_ADDR", default_value = "0.0.0.0:7778")]
-    grpc_addr: SocketAddr,
-    /// The gRPC address peers use to reach this node (default: --grpc-addr, loopback if
-    /// unspecified).
-    #[arg(long, env = "DELAYD_ADVERTISE_ADDR")]
-    advertise_addr: Option<String>,
-    /// This node's Raft id.
-    #[arg(long, env = "DELAYD_NODE_ID", default_value_t = 1)]
-    node_id: u64,
-    /// Initial members as `id=host:port,...` (gRPC addresses), the same on every founding
-    /// node. Empty: a single-node cluster.
-    #[arg(long, env = "DELAYD_PEERS", default_value = "")]
-    peers: String,
-    /// Start empty and wait to be added through the admin API of a running cluster.
-    #[arg(long, env = "DELAYD_JOIN", value_parser = BoolishValueParser::new())]
-    join: bool,
-    /// Largest job body accepted, in bytes.
-    #[arg(long, env = "DELAYD_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
-    max_body_bytes: usize,
-    /// How long a write waits for the cluster before answering 503, in ms.
-    #[arg(long, env = "DELAYD_REQUEST_TIMEOUT_MS", default_value_t = 5_000)]
-    request_timeout_ms: u64,
-    /// Build a snapshot after this many log entries.
-    #[arg(long, env = "DELAYD_SNAPSHOT_LOGS", default_value_t = 50_000)]
-    snapshot_logs: u64,
-    /// Log entries kept behind a snapshot.
-    #[arg(long, env = "DELAYD_KEEP_LOGS", default_value_t = 10_000)]
-    keep_logs: u64,
-    /// Log as JSON lines instead of text.
-    #[arg(long, env = "DELAYD_LOG_JSON", value_parser = BoolishValueParser::new())]
-    log_json: bool,
-    /// Test-only: serve `/debug/clock` to shift this node's wall clock (chaos testing).
-    /// Never in production.
-    #[arg(long, env = "DELAYD_DEBUG_CLOCK", value_parser = BoolishValueParser::new())]
-    debug_clock: bool,
+    /// TOML settings file; environment variables and flags override it.
+    #[arg(long, env = "DELAYD_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: Settings,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
-    if args.log_json {
-        tracing_subscriber::fmt().json().with_env_filter(filter).init();
-    } else {
-        // Colours only on a terminal: log files and `docker logs` stay plain text.
-        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        tracing_subscriber::fmt().with_ansi(ansi).with_env_filter(filter).init();
-    }
-
-    let initial_members = delayd_server::config::parse_members(&args.peers)
-        .map_err(|e| anyhow::anyhow!("--peers: {e}"))?;
-    let config = Config {
-        node_id: args.node_id,
-        grpc_addr: args.grpc_addr,
-        advertise_addr: args.advertise_addr,
-        initial_members,
-        join: args.join,
-        data_dir: args.data_dir,
-        http_addr: args.http_addr,
-        max_body_bytes: args.max_body_bytes,
-        request_timeout: Duration::from_millis(args.request_timeout_ms),
-        snapshot_logs: args.snapshot_logs,
-        keep_logs: args.keep_logs,
-        debug_clock: args.debug_clock,
-        ..Config::default()
+    // Flags over the environment (both from clap), over the file, over the defaults.
+    let file = match &args.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
     };
+    let settings = args.settings.over(file).over(Settings::defaults());
+    let mut config = settings.to_config()?;
+    init_logging(&settings)?;
+
+    if config.auth.dev {
+        tracing::warn!(
+            "*** --dev: AUTHENTICATION IS OFF. Anyone who can reach this node can read, write \
+             and administer it. Never run a server like this. ***"
+        );
+    } else if config.auth.admin_token.is_none() {
+        let path = settings.admin_token_path(&config);
+        let (token, created) = settings::load_or_create_admin_token(&path)?;
+        if created {
+            tracing::warn!(file = %path.display(), "no admin token configured: generated one");
+        } else {
+            tracing::info!(file = %path.display(), "admin token read");
+        }
+        config.auth.admin_token = Some(token);
+    }
+    tracing::info!(
+        settings = %serde_json::to_string(&settings.redacted()).unwrap_or_default(),
+        config_file = ?args.config,
+        "effective configuration"
+    );
     let listener = tokio::net::TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.http_addr))?;
@@ -110,6 +78,21 @@ async fn main() -> anyhow::Result<()> {
         .context("HTTP server")?;
     node.shutdown().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Text logs (colours only on a terminal, so log files and `docker logs` stay plain) or JSON
+/// lines, filtered by `log_level` (`RUST_LOG`).
+fn init_logging(settings: &Settings) -> anyhow::Result<()> {
+    let level = settings.log_level.as_deref().unwrap_or("info");
+    let filter =
+        EnvFilter::try_new(level).with_context(|| format!("log_level {level:?} is not valid"))?;
+    if settings.log_json == Some(true) {
+        tracing_subscriber::fmt().json().with_current_span(true).with_env_filter(filter).init();
+    } else {
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        tracing_subscriber::fmt().with_ansi(ansi).with_env_filter(filter).init();
+    }
     Ok(())
 }
 
@@ -138,23 +121,34 @@ mod tests {
 
     /// Found by the chaos harness: `DELAYD_DEBUG_CLOCK=1` made the node exit at start,
     /// because clap's plain boolean flags accept only `true`/`false` from the environment.
+    /// Also: the environment sits between the file and the flags.
     #[test]
-    fn boolean_flags_accept_the_usual_spellings_from_the_environment() {
-        // The only test in this binary that touches these variables, so setting them is safe.
+    fn the_environment_takes_the_usual_spellings_and_flags_override_it() {
+        // The only test in this binary that touches the process environment, so it is safe.
+        let vars = ["DELAYD_DEBUG_CLOCK", "DELAYD_LOG_JSON", "DELAYD_JOIN", "DELAYD_DEV"];
         for (value, expected) in [("1", true), ("yes", true), ("true", true), ("0", false)] {
-            std::env::set_var("DELAYD_DEBUG_CLOCK", value);
-            std::env::set_var("DELAYD_LOG_JSON", value);
-            std::env::set_var("DELAYD_JOIN", value);
-            let args = Args::try_parse_from(["delayd"]).expect("parses");
+            for v in vars {
+                std::env::set_var(v, value);
+            }
+            let s = Args::try_parse_from(["delayd"]).expect("parses").settings;
             assert_eq!(
-                (args.debug_clock, args.log_json, args.join),
-                (expected, expected, expected)
+                (s.debug_clock, s.log_json, s.join, s.dev),
+                (Some(expected), Some(expected), Some(expected), Some(expected))
             );
         }
-        std::env::remove_var("DELAYD_DEBUG_CLOCK");
-        std::env::remove_var("DELAYD_LOG_JSON");
-        std::env::remove_var("DELAYD_JOIN");
-        let args = Args::try_parse_from(["delayd", "--debug-clock"]).expect("parses");
-        assert!(args.debug_clock && !args.log_json);
+        std::env::set_var("DELAYD_KEEP_LOGS", "11");
+        let s = Args::try_parse_from(["delayd", "--keep-logs", "12", "--dev", "false"])
+            .expect("parses")
+            .settings;
+        assert_eq!((s.keep_logs, s.dev), (Some(12), Some(false)), "flags win");
+        let s = Args::try_parse_from(["delayd"]).expect("parses").settings;
+        let file = Settings::from_toml("keep_logs = 10\nmax_batch = 3").expect("toml");
+        let s = s.over(file);
+        assert_eq!((s.keep_logs, s.max_batch), (Some(11), Some(3)), "env over file");
+        for v in vars.iter().chain(&["DELAYD_KEEP_LOGS"]) {
+            std::env::remove_var(v);
+        }
+        let s = Args::try_parse_from(["delayd", "--debug-clock"]).expect("parses").settings;
+        assert_eq!((s.debug_clock, s.log_json), (Some(true), None));
     }
 }

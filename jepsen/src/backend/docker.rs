@@ -112,6 +112,9 @@ impl DockerBackend {
             ["-p", &self.project, "-f", "docker-compose.yml", "-f", OVERRIDE],
         );
         c.args(args).current_dir(&self.repo_root);
+        // The compose file requires an admin token; the override turns authentication off
+        // (DELAYD_DEV), so any valid one will do.
+        c.env("DELAYD_ADMIN_TOKEN", "jepsen-admin-token-not-used");
         c
     }
 

@@ -322,6 +322,8 @@ impl LocalBackend {
             // The test-only clock hook; clap reads the flag's env var, and until the binary
             // knows the flag an unknown variable is harmless (the flag itself would be fatal).
             .env("DELAYD_DEBUG_CLOCK", "1")
+            // The harness tests the queue's guarantees; authentication is off.
+            .env("DELAYD_DEV", "1")
             .env("RUST_LOG", "info,openraft=warn")
             // A joining node starts empty; ours found the cluster, whatever the caller's env.
             .env_remove("DELAYD_JOIN")

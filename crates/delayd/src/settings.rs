@@ -1,0 +1,422 @@
+//! delayd's settings: one TOML file, then environment variables, then flags, each layer
+//! overriding the one before, and a default for every key.
+//!
+//! Every key has one name everywhere: the flag `--http-addr`, the file key `http_addr`, the
+//! variable `DELAYD_HTTP_ADDR` (the log level alone reads `RUST_LOG`, as every tracing program
+//! does). `delayd.example.toml` at the repository root lists every key with its default; a
+//! test keeps it in step with [`Settings::defaults`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::builder::BoolishValueParser;
+use delayd_server::config::{parse_members, AuthConfig, MIN_ADMIN_TOKEN_LEN};
+use delayd_server::Config;
+use serde::{Deserialize, Serialize};
+
+/// Every setting, each optional so that layers can be told apart; see the module docs.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// This node's Raft id [default: 1].
+    #[arg(long, env = "DELAYD_NODE_ID")]
+    pub node_id: Option<u64>,
+    /// Directory for RocksDB and snapshots [default: data].
+    #[arg(long, env = "DELAYD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP listen address [default: 0.0.0.0:7777].
+    #[arg(long, env = "DELAYD_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// gRPC listen address: client API, Raft replication, forwarding [default: 0.0.0.0:7778].
+    #[arg(long, env = "DELAYD_GRPC_ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// The gRPC address peers use to reach this node [default: grpc_addr, loopback if
+    /// unspecified].
+    #[arg(long, env = "DELAYD_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
+    /// Initial members as `id=host:port,...` (gRPC addresses), the same on every founding
+    /// node [default: empty, a single-node cluster].
+    #[arg(long, env = "DELAYD_PEERS")]
+    pub peers: Option<String>,
+    /// Start empty and wait to be added through the admin API of a running cluster
+    /// [default: false].
+    #[arg(long, env = "DELAYD_JOIN", num_args = 0..=1, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub join: Option<bool>,
+    /// Largest job body accepted, in bytes [default: 1048576].
+    #[arg(long, env = "DELAYD_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// How long a request waits for the cluster before answering 503, in ms [default: 5000].
+    #[arg(long, env = "DELAYD_REQUEST_TIMEOUT_MS")]
+    pub request_timeout_ms: Option<u64>,
+    /// Most commands packed into one Raft log entry [default: 512].
+    #[arg(long, env = "DELAYD_MAX_BATCH")]
+    pub max_batch: Option<usize>,
+    /// Most log entries in flight at once [default: 1].
+    #[arg(long, env = "DELAYD_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+    /// Longest the proposer waits under load for a batch to fill, in µs [default: 1000].
+    #[arg(long, env = "DELAYD_BATCH_LINGER_US")]
+    pub batch_linger_us: Option<u64>,
+    /// Most deadlines one timer tick fires [default: 1024].
+    #[arg(long, env = "DELAYD_TICK_LIMIT")]
+    pub tick_limit: Option<u32>,
+    /// Build a snapshot after this many log entries [default: 50000].
+    #[arg(long, env = "DELAYD_SNAPSHOT_LOGS")]
+    pub snapshot_logs: Option<u64>,
+    /// Log entries kept behind a snapshot [default: 10000].
+    #[arg(long, env = "DELAYD_KEEP_LOGS")]
+    pub keep_logs: Option<u64>,
+    /// Raft heartbeat interval, also each replication RPC's timeout, in ms [default: 150].
+    #[arg(long, env = "DELAYD_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// Shortest election timeout, in ms [default: 750].
+    #[arg(long, env = "DELAYD_ELECTION_TIMEOUT_MIN_MS")]
+    pub election_timeout_min_ms: Option<u64>,
+    /// Longest election timeout, in ms [default: 1500].
+    #[arg(long, env = "DELAYD_ELECTION_TIMEOUT_MAX_MS")]
+    pub election_timeout_max_ms: Option<u64>,
+    /// Turn authentication off: every API open to anyone. For a laptop, never a server
+    /// [default: false].
+    #[arg(long, env = "DELAYD_DEV", num_args = 0..=1, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub dev: Option<bool>,
+    /// The admin credential, at least 16 characters [default: read from admin_token_file].
+    #[arg(long, env = "DELAYD_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// File holding the admin credential; created with a random one (mode 0600) when missing
+    /// [default: <data_dir>/admin-token].
+    #[arg(long, env = "DELAYD_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Serve /metrics without a credential [default: false].
+    #[arg(long, env = "DELAYD_PUBLIC_METRICS", num_args = 0..=1, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub public_metrics: Option<bool>,
+    /// Log filter in tracing's `RUST_LOG` syntax [default: info,openraft=warn].
+    #[arg(long, env = "RUST_LOG")]
+    pub log_level: Option<String>,
+    /// Log as JSON lines instead of text [default: false].
+    #[arg(long, env = "DELAYD_LOG_JSON", num_args = 0..=1, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub log_json: Option<bool>,
+    /// Test-only: serve /debug/clock to shift this node's clock (chaos testing) [default:
+    /// false].
+    #[arg(long, env = "DELAYD_DEBUG_CLOCK", num_args = 0..=1, default_missing_value = "true",
+          value_parser = BoolishValueParser::new())]
+    pub debug_clock: Option<bool>,
+}
+
+/// `a.or(b)` for every field: `self` wins where it is set.
+macro_rules! layer {
+    ($a:ident, $b:ident; $($f:ident),* $(,)?) => {
+        Settings { $($f: $a.$f.or($b.$f)),* }
+    };
+}
+
+impl Settings {
+    /// The defaults, every key set (the optional ones to `None`).
+    pub fn defaults() -> Settings {
+        let c = Config::default();
+        Settings {
+            node_id: Some(c.node_id),
+            data_dir: Some(c.data_dir),
+            http_addr: Some(c.http_addr),
+            grpc_addr: Some(c.grpc_addr),
+            advertise_addr: None,
+            peers: Some(String::new()),
+            join: Some(c.join),
+            max_body_bytes: Some(c.max_body_bytes),
+            request_timeout_ms: Some(millis(c.request_timeout)),
+            max_batch: Some(c.max_batch),
+            max_in_flight: Some(c.max_in_flight),
+            batch_linger_us: Some(c.batch_linger.as_micros().try_into().unwrap_or(u64::MAX)),
+            tick_limit: Some(c.tick_limit),
+            snapshot_logs: Some(c.snapshot_logs),
+            keep_logs: Some(c.keep_logs),
+            heartbeat_ms: Some(c.heartbeat_ms),
+            election_timeout_min_ms: Some(c.election_timeout_ms.0),
+            election_timeout_max_ms: Some(c.election_timeout_ms.1),
+            dev: Some(false),
+            admin_token: None,
+            admin_token_file: None,
+            public_metrics: Some(false),
+            log_level: Some("info,openraft=warn".into()),
+            log_json: Some(false),
+            debug_clock: Some(false),
+        }
+    }
+
+    /// These settings over `lower`: a key set here wins.
+    pub fn over(self, lower: Settings) -> Settings {
+        let a = self;
+        let b = lower;
+        layer!(a, b;
+            node_id, data_dir, http_addr, grpc_addr, advertise_addr, peers, join,
+            max_body_bytes, request_timeout_ms, max_batch, max_in_flight, batch_linger_us,
+            tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
+            election_timeout_max_ms, dev, admin_token, admin_token_file, public_metrics,
+            log_level, log_json, debug_clock,
+        )
+    }
+
+    /// Reads a settings file, naming the file and the offending line on any error.
+    pub fn from_file(path: &Path) -> anyhow::Result<Settings> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the config file {}", path.display()))?;
+        Self::from_toml(&text).with_context(|| format!("config file {}", path.display()))
+    }
+
+    /// Parses settings from TOML text; unknown keys are errors (a typo must not be ignored).
+    pub fn from_toml(text: &str) -> anyhow::Result<Settings> {
+        toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
+    }
+
+    /// The settings as they will be used, for the start-up log: the admin token redacted.
+    pub fn redacted(&self) -> Settings {
+        let mut s = self.clone();
+        if s.admin_token.is_some() {
+            s.admin_token = Some("<redacted>".into());
+        }
+        s
+    }
+
+    /// The node configuration these (fully layered) settings describe, checked: the first
+    /// problem found is named with the key it comes from.
+    pub fn to_config(&self) -> anyhow::Result<Config> {
+        let d = Config::default();
+        let initial_members = match &self.peers {
+            Some(p) => parse_members(p).map_err(|e| anyhow::anyhow!("peers: {e}"))?,
+            None => Default::default(),
+        };
+        let positive = |name: &str, v: Option<u64>, default: u64| -> anyhow::Result<u64> {
+            match v {
+                Some(0) => bail!("{name} must be positive"),
+                v => Ok(v.unwrap_or(default)),
+            }
+        };
+        let heartbeat_ms = positive("heartbeat_ms", self.heartbeat_ms, d.heartbeat_ms)?;
+        let min = positive(
+            "election_timeout_min_ms",
+            self.election_timeout_min_ms,
+            d.election_timeout_ms.0,
+        )?;
+        let max = self.election_timeout_max_ms.unwrap_or(d.election_timeout_ms.1);
+        if min >= max {
+            bail!(
+                "election_timeout_min_ms ({min}) must be less than election_timeout_max_ms ({max})"
+            );
+        }
+        if heartbeat_ms >= min {
+            bail!(
+                "heartbeat_ms ({heartbeat_ms}) must be less than election_timeout_min_ms ({min})"
+            );
+        }
+        let request_timeout_ms =
+            positive("request_timeout_ms", self.request_timeout_ms, millis(d.request_timeout))?;
+        let max_body_bytes = self.max_body_bytes.unwrap_or(d.max_body_bytes);
+        if max_body_bytes == 0 || max_body_bytes > 64 << 20 {
+            bail!("max_body_bytes must be 1 to {} (64 MiB)", 64 << 20);
+        }
+        if self.admin_token.is_some() && self.admin_token_file.is_some() {
+            bail!("give admin_token or admin_token_file, not both");
+        }
+        let dev = self.dev.unwrap_or(false);
+        let admin_token = match &self.admin_token {
+            Some(t) if t.len() < MIN_ADMIN_TOKEN_LEN => {
+                bail!("admin_token must be at least {MIN_ADMIN_TOKEN_LEN} characters")
+            }
+            t => t.clone(),
+        };
+        let config = Config {
+            node_id: self.node_id.unwrap_or(d.node_id),
+            data_dir: self.data_dir.clone().unwrap_or(d.data_dir),
+            http_addr: self.http_addr.unwrap_or(d.http_addr),
+            grpc_addr: self.grpc_addr.unwrap_or(d.grpc_addr),
+            advertise_addr: self.advertise_addr.clone().filter(|a| !a.is_empty()),
+            initial_members,
+            join: self.join.unwrap_or(d.join),
+            max_body_bytes,
+            request_timeout: Duration::from_millis(request_timeout_ms),
+            max_batch: self.max_batch.unwrap_or(d.max_batch),
+            max_in_flight: self.max_in_flight.unwrap_or(d.max_in_flight),
+            batch_linger: self.batch_linger_us.map_or(d.batch_linger, Duration::from_micros),
+            tick_limit: self.tick_limit.unwrap_or(d.tick_limit),
+            snapshot_logs: positive("snapshot_logs", self.snapshot_logs, d.snapshot_logs)?,
+            keep_logs: self.keep_logs.unwrap_or(d.keep_logs),
+            heartbeat_ms,
+            election_timeout_ms: (min, max),
+            auth: AuthConfig {
+                dev,
+                admin_token,
+                public_metrics: self.public_metrics.unwrap_or(false),
+            },
+            debug_clock: self.debug_clock.unwrap_or(false),
+        };
+        config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(config)
+    }
+
+    /// Where the admin token is read from (and written to, when missing).
+    pub fn admin_token_path(&self, config: &Config) -> PathBuf {
+        self.admin_token_file.clone().unwrap_or_else(|| config.data_dir.join("admin-token"))
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// The admin token from `path`, or a new random one written there (readable by its owner
+/// only) when the file does not exist. Returns the token and whether it was created.
+pub fn load_or_create_admin_token(path: &Path) -> anyhow::Result<(String, bool)> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let token = text.trim().to_string();
+            if token.len() < MIN_ADMIN_TOKEN_LEN {
+                bail!(
+                    "the admin token in {} is shorter than {MIN_ADMIN_TOKEN_LEN} characters",
+                    path.display()
+                );
+            }
+            Ok((token, false))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            let token = format!("{:032x}", rand_u128()?);
+            match write_private(path, &format!("{token}\n")) {
+                Ok(()) => Ok((token, true)),
+                // Another node sharing the file made it first: use theirs.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    load_or_create_admin_token(path)
+                }
+                Err(e) => Err(e)
+                    .with_context(|| format!("cannot write the admin token to {}", path.display())),
+            }
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// 128 bits from the OS's random source.
+fn rand_u128() -> anyhow::Result<u128> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .context("cannot read /dev/urandom")?;
+    Ok(u128::from_le_bytes(b))
+}
+
+/// Writes `text` to a new file at `path` readable by its owner only. The file appears
+/// complete or not at all (written aside, then linked into place), so nodes sharing it never
+/// read half a token; `AlreadyExists` when another got there first.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let aside = path.with_extension(format!("new-{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&aside)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::hard_link(&aside, path)
+    })();
+    let _ = std::fs::remove_file(&aside);
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example() -> Settings {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../delayd.example.toml");
+        Settings::from_file(Path::new(path)).expect("the example parses")
+    }
+
+    #[test]
+    fn the_example_file_lists_every_key_with_its_default() {
+        // Every key the example leaves commented out is one without a default value.
+        assert_eq!(example(), Settings::defaults());
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../delayd.example.toml"
+        ))
+        .expect("read");
+        let keys = serde_json::to_value(Settings::defaults()).expect("json");
+        for key in keys.as_object().expect("object").keys() {
+            assert!(text.contains(&format!("{key} =")), "the example does not mention {key}");
+        }
+    }
+
+    #[test]
+    fn layers_override_in_order_file_env_flags() {
+        let file = Settings::from_toml("http_addr = \"127.0.0.1:1\"\nnode_id = 2\nkeep_logs = 7\n")
+            .expect("parse");
+        let env = Settings { node_id: Some(3), keep_logs: Some(8), ..Settings::default() };
+        let flags = Settings { keep_logs: Some(9), ..Settings::default() };
+        let s = flags.over(env).over(file).over(Settings::defaults());
+        assert_eq!(s.http_addr, Some("127.0.0.1:1".parse().expect("addr")), "from the file");
+        assert_eq!(s.node_id, Some(3), "the environment beats the file");
+        assert_eq!(s.keep_logs, Some(9), "a flag beats both");
+        assert_eq!(s.max_batch, Some(512), "the default fills the rest");
+        let config = s.to_config().expect("valid");
+        assert_eq!((config.node_id, config.keep_logs), (3, 9));
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let err = |toml: &str| -> String {
+            match Settings::from_toml(toml).and_then(|s| s.over(Settings::defaults()).to_config()) {
+                Ok(_) => panic!("{toml:?} was accepted"),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        assert!(err("htp_addr = \"x\"").contains("unknown field `htp_addr`"));
+        assert!(err("http_addr = \"nowhere\"").contains("http_addr"));
+        assert!(err("node_id = \"one\"").contains("node_id"));
+        assert!(err("peers = \"1=a\"").contains("peers: peer address \"a\" has no port"));
+        assert!(err("election_timeout_min_ms = 2000").contains("must be less than"));
+        assert!(err("heartbeat_ms = 800").contains("heartbeat_ms (800)"));
+        assert!(err("admin_token = \"short\"").contains("at least 16"));
+        assert!(err("max_body_bytes = 0").contains("max_body_bytes"));
+        assert!(err("request_timeout_ms = 0").contains("request_timeout_ms must be positive"));
+        assert!(err("admin_token = \"0123456789abcdef\"\nadmin_token_file = \"t\"")
+            .contains("not both"));
+    }
+
+    #[test]
+    fn redaction_hides_the_admin_token_only() {
+        let s = Settings {
+            admin_token: Some("0123456789abcdef".into()),
+            node_id: Some(4),
+            ..Settings::default()
+        };
+        let shown = serde_json::to_string(&s.redacted()).expect("json");
+        assert!(!shown.contains("0123456789abcdef") && shown.contains("<redacted>"));
+        assert!(shown.contains("\"node_id\":4"));
+    }
+
+    #[test]
+    fn a_missing_admin_token_file_is_created_private_and_then_reused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/admin-token");
+        let (token, created) = load_or_create_admin_token(&path).expect("create");
+        assert!(created && token.len() == 32);
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(load_or_create_admin_token(&path).expect("reuse"), (token, false));
+        std::fs::write(&path, "short\n").expect("write");
+        assert!(load_or_create_admin_token(&path).is_err());
+    }
+}
