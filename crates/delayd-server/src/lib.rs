@@ -22,6 +22,7 @@ pub mod admin;
 pub mod api;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 pub mod forward;
 pub mod grpc;
