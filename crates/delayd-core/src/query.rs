@@ -65,6 +65,54 @@ pub fn queue_meta(kv: &impl KvRead, queue: &QueueName) -> Result<QueueMeta, KvEr
         .unwrap_or_default())
 }
 
+/// Every queue with its metadata, sorted by namespace then queue; only those of `namespace`
+/// when one is given; at most `limit` (the first ones in that order).
+///
+/// A queue exists from its first publish on: its metadata stays when it empties, so an idle
+/// queue is listed with zero counts. Keys order queues by name length first (see [`keys`]),
+/// so the scan visits every queue (of the namespace) and keeps the `limit` smallest names;
+/// queue metadata is a few bytes per queue.
+pub fn queues(
+    kv: &impl KvRead,
+    namespace: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(QueueName, QueueMeta)>, KvError> {
+    let prefix = match namespace {
+        // `[len] ns` is a prefix of exactly that namespace's queue keys.
+        Some(ns) => match u8::try_from(ns.len()) {
+            Ok(len) => [&[len][..], ns.as_bytes()].concat(),
+            Err(_) => return Ok(Vec::new()),
+        },
+        None => Vec::new(),
+    };
+    let mut found: std::collections::BTreeMap<QueueName, Vec<u8>> = Default::default();
+    let mut bad = false;
+    if limit > 0 {
+        kv.scan(
+            Cf::Queues,
+            &prefix,
+            &keys::prefix_end(&prefix),
+            &mut |k, v| match keys::split_queue(k) {
+                Some((name, [])) => {
+                    found.insert(name, v.to_vec());
+                    if found.len() > limit {
+                        found.pop_last();
+                    }
+                    true
+                }
+                _ => {
+                    bad = true;
+                    false
+                }
+            },
+        )?;
+    }
+    if bad {
+        return Err(KvError("corrupt queue key".into()));
+    }
+    found.into_iter().map(|(name, v)| Ok((name, decode(&v)?))).collect()
+}
+
 /// How many delayed jobs come due within each of `bounds_ms` from `now_ms` (cumulative
 /// buckets: the last element counts everything). Minute resolution: a job is counted in the
 /// first bucket its due minute's start falls in.
@@ -147,5 +195,89 @@ pub fn tokens(
     match failed {
         Some(e) => Err(e),
         None => Ok(out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::command::{Command, Due, Entry, NewJob};
+    use crate::kv::{MemKv, Overlay};
+    use crate::machine::{apply, Effects};
+
+    fn run(kv: &mut MemKv, now_ms: u64, commands: Vec<Command>) {
+        let mut overlay = Overlay::new(&*kv);
+        apply(&mut overlay, &Entry { now_ms, commands }, &mut Effects::default()).unwrap();
+        let writes: Vec<_> = overlay.into_writes().collect();
+        kv.apply(writes);
+    }
+
+    fn publish(ns: &str, q: &str, id: u128, delay_ms: u64) -> Command {
+        Command::Publish {
+            queue: QueueName::new(ns, q),
+            job: NewJob {
+                id: JobId(id),
+                key: None,
+                body: Vec::new(),
+                attributes: Default::default(),
+                due: Due::After(delay_ms),
+                ttl_ms: None,
+                tries: 1,
+                ttr_ms: 60_000,
+                priority: 1,
+            },
+        }
+    }
+
+    fn listed(kv: &MemKv, ns: Option<&str>, limit: usize) -> Vec<(String, [u64; 4], bool)> {
+        queues(kv, ns, limit)
+            .unwrap()
+            .into_iter()
+            .map(|(q, m)| (q.to_string(), m.counts, m.paused))
+            .collect()
+    }
+
+    #[test]
+    fn queues_lists_every_queue_sorted_with_counts() {
+        let mut kv = MemKv::default();
+        assert!(listed(&kv, None, 10).is_empty());
+        // Names of different lengths: key order (length first) is not name order.
+        run(
+            &mut kv,
+            1_000,
+            vec![
+                publish("zz", "a", 1, 0),
+                publish("b", "long-name", 2, 0),
+                publish("b", "x", 3, 60_000),
+                publish("b", "x", 4, 0),
+                publish("b", "x", 5, 0),
+                Command::SetPaused { queue: QueueName::new("zz", "a"), paused: true },
+            ],
+        );
+        run(
+            &mut kv,
+            1_001,
+            vec![Command::Reserve {
+                queues: vec![QueueName::new("b", "x")],
+                count: 1,
+                ttr_ms: None,
+                lease_seed: 7,
+            }],
+        );
+        let all = vec![
+            ("b/long-name".to_string(), [0, 1, 0, 0], false),
+            ("b/x".to_string(), [1, 1, 1, 0], false),
+            ("zz/a".to_string(), [0, 1, 0, 0], true),
+        ];
+        assert_eq!(listed(&kv, None, 10), all);
+        assert_eq!(listed(&kv, None, 2), all[..2].to_vec());
+        assert_eq!(listed(&kv, None, 0), vec![]);
+        assert_eq!(listed(&kv, Some("b"), 10), all[..2].to_vec());
+        assert_eq!(listed(&kv, Some("zz"), 10), all[2..].to_vec());
+        // A namespace that is a prefix of another's name is not mixed up with it.
+        assert_eq!(listed(&kv, Some("z"), 10), vec![]);
+        assert_eq!(listed(&kv, Some("none"), 10), vec![]);
     }
 }

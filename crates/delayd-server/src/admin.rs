@@ -1,4 +1,5 @@
-//! The cluster admin API, under `/admin`: status, membership, snapshots and a state digest.
+//! The cluster admin API, under `/admin`: status, the queues, membership, snapshots and a state
+//! digest.
 //!
 //! Any node answers; membership changes are carried out by the leader (forwarded there) and
 //! go through openraft's joint consensus.
@@ -23,6 +24,7 @@ type ApiResult = Result<Response, ApiError>;
 pub fn routes() -> Router<Node> {
     Router::new()
         .route("/admin/cluster", get(cluster))
+        .route("/admin/queues", get(queues))
         .route("/admin/nodes", post(add_learner))
         .route("/admin/nodes/{id}/promote", post(promote))
         .route("/admin/nodes/{id}", axum::routing::delete(remove))
@@ -93,6 +95,51 @@ async fn cluster(State(node): State<Node>) -> ApiResult {
         "nodes": out,
     }))
     .into_response())
+}
+
+/// Default and largest `limit` of `GET /admin/queues`.
+const QUEUES_LIMIT: (usize, usize) = (1000, 10_000);
+
+/// `GET /admin/queues?namespace=&limit=&stale=`: every queue with its counts, sorted by
+/// namespace then queue; `truncated` when `limit` cut the list short.
+async fn queues(State(node): State<Node>, Query(q): Query<HashMap<String, String>>) -> ApiResult {
+    let bad = |msg: String| ApiError(ServiceError::BadRequest(msg));
+    let namespace = q.get("namespace").map(String::as_str);
+    if let Some(ns) = namespace {
+        crate::service::check_name("namespace", ns)?;
+    }
+    let (default, max) = QUEUES_LIMIT;
+    let limit = match q.get("limit") {
+        None => default,
+        Some(s) => s
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| bad(format!("invalid limit {s:?}: expected 1 to {max}")))?,
+    };
+    let stale = match q.get("stale").map(String::as_str) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") | Some("") => true,
+        Some(s) => return Err(bad(format!("invalid stale {s:?}: expected true or false"))),
+    };
+    // One more than asked for tells whether the list was cut short.
+    let mut found = node.queues(namespace, limit + 1, stale).await?;
+    let truncated = found.len() > limit;
+    found.truncate(limit);
+    let list: Vec<Value> = found
+        .iter()
+        .map(|(name, meta)| {
+            let c = meta.counts;
+            json!({
+                "namespace": name.namespace,
+                "queue": name.queue,
+                "paused": meta.paused,
+                "delayed": c[0], "ready": c[1], "reserved": c[2], "dead": c[3],
+            })
+        })
+        .collect();
+    Ok(Json(json!({"queues": list, "truncated": truncated})).into_response())
 }
 
 fn node_id(s: &str) -> Result<u64, ApiError> {

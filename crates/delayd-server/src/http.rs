@@ -260,6 +260,7 @@ pub fn router(node: Node) -> Router {
         .route("/health", get(health))
         .merge(crate::admin::routes())
         .merge(crate::tokens::routes())
+        .merge(crate::dashboard::routes())
         .route("/api/{ns}/{q}", put(publish).get(reserve).delete(destroy))
         .route("/api/{ns}/{q}/bulk", put(bulk).layer(DefaultBodyLimit::max(bulk_limit)))
         .route("/api/{ns}/{q}/job/{id}", get(peek_job).put(republish).delete(ack).patch(update))

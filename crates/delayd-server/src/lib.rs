@@ -26,6 +26,7 @@ pub mod api;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod error;
 pub mod forward;
 pub mod grpc;

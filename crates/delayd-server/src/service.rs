@@ -491,6 +491,16 @@ impl Node {
         self.read(stale, |v| query::queue_meta(v, queue)).await
     }
 
+    /// Every queue (of `namespace`, if given) with its counts, sorted by name; at most `limit`.
+    pub async fn queues(
+        &self,
+        namespace: Option<&str>,
+        limit: usize,
+        stale: bool,
+    ) -> Result<Vec<(QueueName, QueueMeta)>, ServiceError> {
+        self.read(stale, |v| query::queues(v, namespace, limit)).await
+    }
+
     /// Dead jobs, oldest first, with the dead letter's size.
     pub async fn dead_letter(
         &self,

@@ -107,8 +107,11 @@ fn routes() -> Vec<(Method, String, Needs)> {
     let job = format!("/api/ns1/q/job/{JOB}");
     let mut r = vec![
         (Method::GET, "/health".to_string(), Needs::Nothing),
+        (Method::GET, "/dashboard/".to_string(), Needs::Nothing),
+        (Method::GET, "/dashboard/app.js".to_string(), Needs::Nothing),
         (Method::GET, "/no/such/route".to_string(), Needs::Nothing),
         (Method::GET, "/admin/cluster".to_string(), Needs::Admin),
+        (Method::GET, "/admin/queues".to_string(), Needs::Admin),
         // Node id 0 is invalid: the admin's calls are refused (400) without touching the
         // membership, after authentication has passed.
         (Method::POST, "/admin/nodes?id=0&addr=127.0.0.1:1".to_string(), Needs::Admin),

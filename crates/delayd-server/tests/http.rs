@@ -484,6 +484,93 @@ async fn peek_size_stats_and_destroy() {
     t.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_queues_lists_every_queue_with_its_counts() {
+    let t = TestNode::start().await;
+    assert_eq!(
+        t.get("/admin/queues").await,
+        (StatusCode::OK, json!({"queues": [], "truncated": false}))
+    );
+    // Names of different lengths, published out of order: the answer is sorted by name.
+    t.publish("/api/zz/a", "1").await;
+    t.publish("/api/b/long-name?delay=60", "2").await;
+    t.publish("/api/b/x", "3").await;
+    t.publish("/api/b/x", "4").await;
+    t.reserve("/api/b/x").await;
+    assert_eq!(t.put("/api/zz/a/pause", "").await.0, StatusCode::NO_CONTENT);
+    let row = |ns: &str, q: &str, paused: bool, c: [u64; 4]| {
+        json!({"namespace": ns, "queue": q, "paused": paused,
+               "delayed": c[0], "ready": c[1], "reserved": c[2], "dead": c[3]})
+    };
+    let all = [
+        row("b", "long-name", false, [1, 0, 0, 0]),
+        row("b", "x", false, [0, 1, 1, 0]),
+        row("zz", "a", true, [0, 1, 0, 0]),
+    ];
+    assert_eq!(
+        t.get("/admin/queues").await,
+        (StatusCode::OK, json!({"queues": all, "truncated": false}))
+    );
+    assert_eq!(
+        t.get("/admin/queues?limit=2&stale=true").await,
+        (StatusCode::OK, json!({"queues": all[..2], "truncated": true}))
+    );
+    assert_eq!(
+        t.get("/admin/queues?namespace=zz").await,
+        (StatusCode::OK, json!({"queues": all[2..], "truncated": false}))
+    );
+    assert_eq!(
+        t.get("/admin/queues?namespace=nothing").await,
+        (StatusCode::OK, json!({"queues": [], "truncated": false}))
+    );
+    for (query, names) in [
+        ("limit=0", "limit"),
+        ("limit=10001", "limit"),
+        ("limit=x", "limit"),
+        ("namespace=a%20b", "namespace"),
+        ("stale=maybe", "stale"),
+    ] {
+        let (status, v) = t.get(&format!("/admin/queues?{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(names), "{query}: {v}");
+    }
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_files_are_served_with_their_types() {
+    let t = TestNode::start().await;
+    let get = |uri: &'static str| {
+        let router = t.client.router.clone();
+        async move {
+            let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
+            let resp = router.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let headers = resp.headers().clone();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, headers, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    let (status, headers, _) = get("/dashboard").await;
+    assert_eq!(status, StatusCode::PERMANENT_REDIRECT);
+    assert_eq!(headers["location"], "/dashboard/");
+    for (uri, content_type, marker) in [
+        ("/dashboard/", "text/html; charset=utf-8", "<script src=\"app.js\""),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8", "/admin/queues"),
+        ("/dashboard/style.css", "text/css; charset=utf-8", ".grid"),
+    ] {
+        let (status, headers, body) = get(uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}");
+        assert_eq!(headers["content-type"], content_type, "{uri}");
+        assert_eq!(headers["cache-control"], "no-cache", "{uri}");
+        assert!(body.contains(marker), "{uri}");
+    }
+    let (_, headers, _) = get("/dashboard/").await;
+    assert!(headers["content-security-policy"].to_str().unwrap().contains("script-src 'self'"));
+    assert_eq!(get("/dashboard/secret.txt").await.0, StatusCode::NOT_FOUND);
+    t.stop().await;
+}
+
 // ---- bulk ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
