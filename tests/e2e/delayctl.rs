@@ -258,6 +258,11 @@ async fn queues_command() -> Result<()> {
     ensure!(
         row.split_whitespace().collect::<Vec<_>>() == ["ns", "now", "false", "0", "1", "0", "0"]
     );
+    ctl(a, &["publish", "other", "q", "z"]).await?.ok()?;
+    let q = ctl(a, &["queues", "--namespace", "other", "--json"]).await?.json()?;
+    ensure!(q["queues"].as_array().map(Vec::len) == Some(1), "{q}");
+    let out = ctl(a, &["queues", "--limit", "1"]).await?.ok()?;
+    ensure!(out.lines().count() == 3 && out.contains("raise --limit"), "{out}");
     Ok(())
 }
 

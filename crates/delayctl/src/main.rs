@@ -125,8 +125,15 @@ enum Command {
         /// Queue.
         queue: String,
     },
-    /// Every queue with its counts.
-    Queues,
+    /// Every queue with its counts, sorted by namespace and queue.
+    Queues {
+        /// Only this namespace's queues.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// At most this many queues (server default 1000).
+        #[arg(long)]
+        limit: Option<u32>,
+    },
     /// A queue's dead letter.
     #[command(subcommand)]
     Deadletter(DeadCmd),
@@ -271,16 +278,18 @@ fn parse_attr(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// What a command prints: the answer's JSON (for `--json`) and its human form.
+/// What a command prints: the answer's JSON (for `--json`), or its human form and a note
+/// for stderr; and the exit code.
 struct Output {
     json: Value,
     human: String,
+    note: Option<String>,
     code: u8,
 }
 
 impl Output {
     fn new(json: Value, human: String) -> Output {
-        Output { json, human, code: 0 }
+        Output { json, human, note: None, code: 0 }
     }
 }
 
@@ -304,10 +313,11 @@ async fn run(cli: Cli) -> Result<u8> {
     if g.json {
         let text = serde_json::to_string_pretty(&out.json)?;
         writeln!(stdout, "{text}")?;
-    } else if out.code == EXIT_NOTHING_TO_CONSUME {
-        // The message is not a job: keep stdout empty for scripts.
-        eprint!("{}", out.human);
     } else {
+        // Notes go to stderr so that stdout holds only what scripts capture (an id, a token).
+        if let Some(note) = &out.note {
+            eprintln!("{note}");
+        }
         write!(stdout, "{}", out.human)?;
     }
     stdout.flush()?;
@@ -342,8 +352,9 @@ async fn execute(client: &Client, command: Command) -> Result<Output> {
                 .wait(Duration::from_secs(timeout.unwrap_or(0)));
             let reply = client.send(call).await?;
             if reply.status == StatusCode::NOT_FOUND && reply.body["msg"] == "no job available" {
-                let human = line(http::message(&reply.body));
-                return Ok(Output { json: reply.body, human, code: EXIT_NOTHING_TO_CONSUME });
+                let note = Some(http::message(&reply.body));
+                let (human, code) = (String::new(), EXIT_NOTHING_TO_CONSUME);
+                return Ok(Output { json: reply.body, human, note, code });
             }
             let v = reply.ok()?;
             let human = match &v {
@@ -372,8 +383,10 @@ async fn execute(client: &Client, command: Command) -> Result<Output> {
             let human = render::stats(&v);
             Output::new(v, human)
         }
-        Command::Queues => {
-            let v = client.send(get(&["admin", "queues"])).await?.ok()?;
+        Command::Queues { namespace, limit } => {
+            let call =
+                get(&["admin", "queues"]).param("namespace", namespace).param("limit", limit);
+            let v = client.send(call).await?.ok()?;
             let human = render::queues(&v);
             Output::new(v, human)
         }
@@ -476,13 +489,9 @@ async fn publish(client: &Client, p: Publish) -> Result<Output> {
     let reply = client.send(call).await?;
     let existed = reply.status == StatusCode::OK && reply.body["msg"] == "exists";
     let v = reply.ok()?;
-    let id = v["job_id"].as_str().context("the answer has no job_id")?;
-    if existed {
-        // stdout keeps only the id, so `id=$(delayctl publish ...)` works either way.
-        eprintln!("exists: a live job already has this key");
-    }
-    let human = line(id);
-    Ok(Output::new(v, human))
+    let human = line(v["job_id"].as_str().context("the answer has no job_id")?);
+    let note = existed.then(|| "exists: a live job already has this key".to_string());
+    Ok(Output { note, ..Output::new(v, human) })
 }
 
 async fn deadletter(client: &Client, command: DeadCmd) -> Result<Output> {

@@ -165,13 +165,17 @@ pub fn stats(s: &Value) -> String {
     out
 }
 
-/// `GET /admin/queues`: one row per queue.
+/// `GET /admin/queues`: one row per queue, and a last line when the list was cut short.
 pub fn queues(q: &Value) -> String {
     let columns = ["namespace", "queue", "paused", "delayed", "ready", "reserved", "dead"];
     let list = q["queues"].as_array().map(Vec::as_slice).unwrap_or_default();
     let rows: Vec<Vec<String>> =
         list.iter().map(|q| columns.iter().map(|f| cell(&q[*f])).collect()).collect();
-    table(&columns, &rows)
+    let mut out = table(&columns, &rows);
+    if q["truncated"] == true {
+        out.push_str(&format!("(first {} queues only: raise --limit)\n", list.len()));
+    }
+    out
 }
 
 /// `GET /api/{ns}/{q}/deadletter/jobs`: the size, then one row per dead job.
@@ -254,11 +258,12 @@ node 3: connection refused
     #[test]
     fn queue_list_and_tokens() {
         let q = json!({"queues": [{"namespace": "ns", "queue": "emails", "paused": false,
-            "delayed": 3, "ready": 1, "reserved": 0, "dead": 2}]});
+            "delayed": 3, "ready": 1, "reserved": 0, "dead": 2}], "truncated": true});
         assert_eq!(
             queues(&q),
             "namespace  queue   paused  delayed  ready  reserved  dead\n\
-             ns         emails  false   3        1      0         2\n"
+             ns         emails  false   3        1      0         2\n\
+             (first 1 queues only: raise --limit)\n"
         );
         let t = json!({"namespace": "ns1", "tokens": {"t1": "ci"}});
         assert_eq!(
