@@ -271,11 +271,21 @@ enum DeadCmd {
     },
 }
 
+/// `--attr NAME=VALUE`, checked here so that a name or value no header can carry is a usage
+/// error rather than a failed request.
 fn parse_attr(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
-        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+    let (name, value) =
+        s.split_once('=').ok_or_else(|| format!("expected NAME=VALUE, got {s:?}"))?;
+    let header = format!("Job-Attr-{name}");
+    if name.is_empty() || reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
+        return Err(format!("invalid attribute name {name:?}"));
     }
+    // What the server accepts: a header value that is visible ASCII.
+    let value_ok = reqwest::header::HeaderValue::from_str(value).is_ok_and(|v| v.to_str().is_ok());
+    if !value_ok {
+        return Err(format!("attribute {name}: the value must be visible ASCII"));
+    }
+    Ok((name.to_string(), value.to_string()))
 }
 
 /// What a command prints: the answer's JSON (for `--json`), or its human form and a note
@@ -551,7 +561,9 @@ mod tests {
         assert_eq!((p.delay, p.body.as_deref()), (Some(3), Some("hi")));
         let both = parse(&["publish", "ns", "q", "--delay", "3", "--at", "5"]);
         assert_eq!(both.err().map(|e| e.kind()), Some(clap::error::ErrorKind::ArgumentConflict));
-        assert!(parse(&["publish", "ns", "q", "--attr", "=x"]).is_err());
+        for bad in ["=x", "no-equals", "a b=c", "a=\u{e9}"] {
+            assert!(parse(&["publish", "ns", "q", "--attr", bad]).is_err(), "{bad}");
+        }
         Ok(())
     }
 
