@@ -1,7 +1,8 @@
 //! Helpers for end-to-end tests: start the real `delayd` binary, talk to it over HTTP, kill it.
 //!
-//! The binary is found next to the test executable's directory (`target/<profile>/delayd`),
-//! or at `$DELAYD_BIN`; `scripts/test.sh` builds it before the tests run.
+//! The binaries are found next to the test executable's directory (`target/<profile>/delayd`,
+//! `target/<profile>/delayctl`), or at `$DELAYD_BIN` / `$DELAYCTL_BIN`; `scripts/test.sh`
+//! builds them before the tests run.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -13,18 +14,28 @@ use serde_json::Value;
 
 /// Path of the `delayd` binary under test.
 pub fn delayd_bin() -> Result<PathBuf> {
-    if let Ok(p) = std::env::var("DELAYD_BIN") {
+    workspace_bin("delayd", "DELAYD_BIN")
+}
+
+/// Path of the `delayctl` binary under test.
+pub fn delayctl_bin() -> Result<PathBuf> {
+    workspace_bin("delayctl", "DELAYCTL_BIN")
+}
+
+/// A binary of this workspace: `$env` if set, else next to the test executable's directory.
+fn workspace_bin(name: &str, env: &str) -> Result<PathBuf> {
+    if let Ok(p) = std::env::var(env) {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe()?;
-    // target/<profile>/deps/<test> → target/<profile>/delayd
+    // target/<profile>/deps/<test> → target/<profile>/<name>
     let bin = exe
         .parent()
         .and_then(Path::parent)
-        .map(|d| d.join("delayd"))
+        .map(|d| d.join(name))
         .context("cannot locate target directory")?;
     if !bin.exists() {
-        bail!("{} not found: build it first (cargo build -p delayd)", bin.display());
+        bail!("{} not found: build it first (cargo build --workspace --bins)", bin.display());
     }
     Ok(bin)
 }
