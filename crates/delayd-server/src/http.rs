@@ -255,6 +255,7 @@ pub fn router(node: Node) -> Router {
     let debug = node.config().debug_clock;
     let router = Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(crate::metrics::scrape))
         .merge(crate::admin::routes())
         .route("/api/{ns}/{q}", put(publish).get(reserve).delete(destroy))
         .route("/api/{ns}/{q}/bulk", put(bulk).layer(DefaultBodyLimit::max(bulk_limit)))
@@ -275,6 +276,7 @@ pub fn router(node: Node) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(node.clone(), crate::metrics::track_http))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(node)
 }
