@@ -13,7 +13,7 @@
 //! expires the job goes to the dead letter; an explicit release is the consumer's decision and
 //! always puts the job back (its next delivery reports `remain_tries` 0).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::codec::{decode, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
@@ -25,13 +25,53 @@ use crate::model::{Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecor
 pub const DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
 
 /// What an applied batch means for the world outside the state machine: which long-poll
-/// waiters to wake and whether the timer pump must wake earlier than it planned.
+/// waiters to wake, whether the timer pump must wake earlier than it planned, and what
+/// happened to jobs (for metrics).
+///
+/// Every replica applies the same entries, so every replica computes the same effects.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Effects {
     /// Queues that gained ready jobs (or were resumed with ready jobs).
     pub ready_queues: BTreeSet<QueueName>,
     /// The earliest timer deadline added by the batch.
     pub earliest_timer_ms: Option<u64>,
+    /// Job transitions per queue. A queue appears only once it had an event.
+    pub events: BTreeMap<QueueName, JobEvents>,
+    /// For every delayed job that a tick made ready: the replicated clock of the tick minus
+    /// the job's due time, in ms. At most a tick's `limit` values per entry.
+    pub timer_lateness_ms: Vec<u64>,
+}
+
+/// How many jobs of one queue went through each transition in an applied batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobEvents {
+    /// Jobs created by a publish or republish (a publish answered "exists" creates none).
+    pub published: u64,
+    /// Deliveries: jobs handed out by a reserve.
+    pub reserved: u64,
+    /// Jobs removed by an ack (not by cancel, destroy or purge).
+    pub acked: u64,
+    /// Reserved jobs put back by an explicit release.
+    pub released: u64,
+    /// Reservations whose ttr ran out (the job went back to ready or, out of tries, dead).
+    pub timed_out: u64,
+    /// Jobs removed because their ttl passed.
+    pub expired: u64,
+    /// Jobs moved to the dead letter: buried, or their last try timed out.
+    pub dead_lettered: u64,
+}
+
+impl JobEvents {
+    /// Adds another count to this one.
+    pub fn add(&mut self, o: &JobEvents) {
+        self.published += o.published;
+        self.reserved += o.reserved;
+        self.acked += o.acked;
+        self.released += o.released;
+        self.timed_out += o.timed_out;
+        self.expired += o.expired;
+        self.dead_lettered += o.dead_lettered;
+    }
 }
 
 impl Effects {
@@ -41,11 +81,29 @@ impl Effects {
         if let Some(t) = other.earliest_timer_ms {
             self.timer_added(t);
         }
+        if self.events.is_empty() {
+            self.events = other.events;
+        } else {
+            for (queue, events) in other.events {
+                self.events.entry(queue).or_default().add(&events);
+            }
+        }
+        self.timer_lateness_ms.extend(other.timer_lateness_ms);
     }
 
     fn timer_added(&mut self, deadline_ms: u64) {
         self.earliest_timer_ms =
             Some(self.earliest_timer_ms.map_or(deadline_ms, |e| e.min(deadline_ms)));
+    }
+
+    /// Counts one event of `queue`. Clones the queue name only for its first event, so a
+    /// busy queue costs one lookup per event.
+    fn count(&mut self, queue: &QueueName, event: fn(&mut JobEvents) -> &mut u64) {
+        let events = match self.events.get_mut(queue) {
+            Some(events) => events,
+            None => self.events.entry(queue.clone()).or_default(),
+        };
+        *event(events) += 1;
     }
 }
 
@@ -226,6 +284,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         self.kv.put(Cf::Members, keys::member(queue, job.id), Vec::new());
         self.set_expiry(&job, true)?;
         self.index(&mut job)?;
+        self.effects.count(queue, |e| &mut e.published);
         Ok(Ok(Reply::Published { id: job.id }))
     }
 
@@ -255,6 +314,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     Some(Lease { token, deadline_ms: self.now.saturating_add(ttr), ttr_ms: ttr });
                 job.state = JobState::Reserved;
                 self.index(&mut job)?;
+                self.effects.count(queue, |e| &mut e.reserved);
                 out.push(Delivery { job, lease: token });
             }
         }
@@ -267,22 +327,20 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         id: JobId,
         lease: Option<u64>,
     ) -> Result<Outcome, KvError> {
-        if lease.is_some() {
-            return match self.leased(queue, id, lease)? {
-                Ok(job) => {
-                    self.remove(job, true)?;
-                    Ok(Ok(Reply::Removed(true)))
-                }
-                Err(r) => Ok(Err(r)),
-            };
-        }
-        match self.job_in(queue, id)? {
-            Some(job) => {
-                self.remove(job, true)?;
-                Ok(Ok(Reply::Removed(true)))
+        let job = if lease.is_some() {
+            match self.leased(queue, id, lease)? {
+                Ok(job) => job,
+                Err(r) => return Ok(Err(r)),
             }
-            None => Ok(Ok(Reply::Removed(false))),
-        }
+        } else {
+            match self.job_in(queue, id)? {
+                Some(job) => job,
+                None => return Ok(Ok(Reply::Removed(false))),
+            }
+        };
+        self.remove(job, true)?;
+        self.effects.count(queue, |e| &mut e.acked);
+        Ok(Ok(Reply::Removed(true)))
     }
 
     fn release(
@@ -307,6 +365,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         job.due_ms = due_ms;
         job.state = if delay_ms == 0 { JobState::Ready } else { JobState::Delayed };
         self.index(&mut job)?;
+        self.effects.count(queue, |e| &mut e.released);
         Ok(Ok(Reply::Job(Box::new(job))))
     }
 
@@ -440,9 +499,11 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             TimerKind::Expire
                 if job.state != JobState::Dead && job.expires_ms == Some(deadline) =>
             {
+                self.effects.count(&job.queue, |e| &mut e.expired);
                 self.remove(job, true)?;
             }
             TimerKind::Due if job.state == JobState::Delayed && job.due_ms == deadline => {
+                self.effects.timer_lateness_ms.push(self.now.saturating_sub(deadline));
                 self.unindex(&job)?;
                 job.state = JobState::Ready;
                 self.index(&mut job)?;
@@ -451,6 +512,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 if job.state == JobState::Reserved
                     && job.lease.is_some_and(|l| l.deadline_ms == deadline) =>
             {
+                self.effects.count(&job.queue, |e| &mut e.timed_out);
                 if job.attempts >= job.tries {
                     self.bury_job(&mut job)?;
                 } else {
@@ -469,6 +531,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     // ---- transitions ----
 
     fn bury_job(&mut self, job: &mut Job) -> Result<(), KvError> {
+        self.effects.count(&job.queue, |e| &mut e.dead_lettered);
         self.unindex(job)?;
         self.set_expiry(job, false)?; // a dead job never expires
         job.lease = None;
@@ -729,5 +792,65 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             self.kv.put(Cf::DueHist, key, n.to_be_bytes().to_vec());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::kv::MemKv;
+
+    fn new_job(id: u128, delay_ms: u64) -> NewJob {
+        NewJob {
+            id: JobId(id),
+            key: None,
+            body: Vec::new(),
+            attributes: Default::default(),
+            due: Due::After(delay_ms),
+            ttl_ms: None,
+            tries: 1,
+            ttr_ms: 1000,
+            priority: 0,
+        }
+    }
+
+    /// Applies one entry to `kv` and returns its effects.
+    fn run(kv: &mut MemKv, now_ms: u64, commands: Vec<Command>) -> Effects {
+        let mut effects = Effects::default();
+        let mut overlay = Overlay::new(&*kv);
+        apply(&mut overlay, &Entry { now_ms, commands }, &mut effects).unwrap();
+        let writes: Vec<_> = overlay.into_writes().collect();
+        kv.apply(writes);
+        effects
+    }
+
+    #[test]
+    fn effects_count_job_events_per_queue_and_merge_across_entries() {
+        let (a, b) = (QueueName::new("ns", "a"), QueueName::new("ns", "b"));
+        let mut kv = MemKv::default();
+        let publish = |q: &QueueName, id, delay| Command::Publish {
+            queue: q.clone(),
+            job: new_job(id, delay),
+        };
+        let mut batch = run(
+            &mut kv,
+            1000,
+            vec![
+                publish(&a, 1, 0),
+                publish(&a, 2, 0),
+                publish(&b, 3, 50),
+                Command::Reserve { queues: vec![a.clone()], count: 2, ttr_ms: None, lease_seed: 7 },
+                Command::Ack { queue: a.clone(), id: JobId(1), lease: None },
+            ],
+        );
+        assert!(batch.timer_lateness_ms.is_empty());
+        batch.merge(run(&mut kv, 1070, vec![Command::Tick { limit: 10 }]));
+
+        let a_events = JobEvents { published: 2, reserved: 2, acked: 1, ..JobEvents::default() };
+        let b_events = JobEvents { published: 1, ..JobEvents::default() };
+        assert_eq!(batch.events, BTreeMap::from([(a, a_events), (b, b_events)]));
+        assert_eq!(batch.timer_lateness_ms, [20], "due at 1050, fired by the tick at 1070");
     }
 }

@@ -58,6 +58,29 @@ fn show_job(j: &Job) -> String {
     s
 }
 
+/// The job events and timer lateness of one applied entry, for commands tagged `[events]`.
+fn show_events(effects: &Effects) -> String {
+    let mut out = String::new();
+    for (q, e) in &effects.events {
+        let counts = [
+            ("published", e.published),
+            ("reserved", e.reserved),
+            ("acked", e.acked),
+            ("released", e.released),
+            ("timed_out", e.timed_out),
+            ("expired", e.expired),
+            ("dead_lettered", e.dead_lettered),
+        ];
+        let shown: Vec<String> =
+            counts.iter().filter(|(_, n)| *n > 0).map(|(name, n)| format!("{name}={n}")).collect();
+        let _ = writeln!(out, "events {q}: {}", shown.join(" "));
+    }
+    if !effects.timer_lateness_ms.is_empty() {
+        let _ = writeln!(out, "lateness_ms={:?}", effects.timer_lateness_ms);
+    }
+    out
+}
+
 impl Machine {
     fn show(&mut self, outcome: &Outcome) -> String {
         match outcome {
@@ -368,6 +391,9 @@ impl Runner for Machine {
         for q in &effects.ready_queues {
             let _ = writeln!(out, "wake {q}");
         }
+        if line.tags.contains("events") {
+            out.push_str(&show_events(&effects));
+        }
         Ok(out)
     }
 }
@@ -382,7 +408,7 @@ macro_rules! golden {
     )*};
 }
 
-golden!(publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens);
+golden!(publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens, events);
 
 /// The state machine reads everything through `KvRead`; make sure the clock query sees what
 /// apply stored, so the pump and the machine agree on time.

@@ -54,7 +54,9 @@ pub trait ForwardHandler: Send + Sync + 'static {
 /// The node's gRPC services (`Raft`, `Internal` and, when the handler names its node, the
 /// client API), ready to serve.
 pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
-    let api = forward.node().map(|node| crate::api::server(&node));
+    let api = forward.node().map(|node| {
+        crate::metrics::GrpcMetered::new(crate::api::server(&node), node.metrics().clone())
+    });
     let raft = RaftServer::new(RaftService { raft })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

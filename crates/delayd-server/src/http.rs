@@ -258,6 +258,7 @@ pub fn router(node: Node) -> Router {
     let debug = node.config().debug_clock;
     let router = Router::new()
         .route("/health", get(health))
+        .route("/metrics", get(crate::metrics::scrape))
         .merge(crate::admin::routes())
         .merge(crate::tokens::routes())
         .merge(crate::dashboard::routes())
@@ -280,6 +281,7 @@ pub fn router(node: Node) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(node.clone(), crate::metrics::track_http))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(node.clone(), crate::auth::middleware))
         // Outermost: the request id's span covers authentication too.

@@ -31,6 +31,7 @@ pub mod error;
 pub mod forward;
 pub mod grpc;
 pub mod http;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod propose;

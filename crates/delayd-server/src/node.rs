@@ -23,6 +23,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ServiceError;
 use crate::forward::{ForwardOp, ForwardReply, NodeStatus, WireError};
+use crate::metrics::Metrics;
 use crate::network::{ForwardError, GrpcNetwork};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
@@ -42,6 +43,7 @@ pub(crate) struct Inner {
     pub(crate) proposer: Proposer,
     pub(crate) waiters: Arc<Waiters>,
     pub(crate) auth: crate::auth::Auth,
+    pub(crate) metrics: Arc<Metrics>,
     network: GrpcNetwork,
     shutdown: watch::Sender<bool>,
 }
@@ -106,10 +108,16 @@ impl Node {
         std::fs::create_dir_all(&config.data_dir).map_err(|e| {
             ServiceError::Internal(format!("cannot create {}: {e}", config.data_dir.display()))
         })?;
+        let metrics = Arc::new(
+            Metrics::new(delayd_store::StoreMetrics::default())
+                .map_err(|e| ServiceError::Internal(format!("metrics: {e}")))?,
+        );
         let dir = config.data_dir.clone();
-        let (log, sm) = tokio::task::spawn_blocking(move || Store::open(&dir))
-            .await
-            .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        let store_metrics = metrics.store().clone();
+        let (log, sm) =
+            tokio::task::spawn_blocking(move || Store::open_with_metrics(&dir, store_metrics))
+                .await
+                .map_err(|e| ServiceError::Internal(e.to_string()))??;
         let reader = sm.reader();
         let network = GrpcNetwork::new();
         let raft =
@@ -120,9 +128,10 @@ impl Node {
         let waiters = Arc::new(Waiters::default());
         let signal = Arc::new(PumpSignal::default());
         {
-            let (waiters, signal) = (waiters.clone(), signal.clone());
+            let (waiters, signal, metrics) = (waiters.clone(), signal.clone(), metrics.clone());
             reader.set_listener(Arc::new(move |effects: &delayd_core::Effects| {
                 waiters.wake(&effects.ready_queues);
+                metrics.record_applied(effects);
                 if let Some(t) = effects.earliest_timer_ms {
                     signal.timer_added(t);
                 }
@@ -146,6 +155,7 @@ impl Node {
             proposer: proposer.clone(),
             clock: clock.clone(),
             waiters: waiters.clone(),
+            metrics: metrics.clone(),
             network,
             shutdown,
         });
@@ -160,6 +170,11 @@ impl Node {
                 tracing::error!(error = %e, "internal gRPC server stopped");
             }
         });
+        tokio::spawn(crate::metrics::watch_leader(
+            inner.raft.clone(),
+            metrics,
+            shutdown_rx.clone(),
+        ));
         tokio::spawn(watch_snapshots(
             inner.raft.clone(),
             waiters,
@@ -216,6 +231,11 @@ impl Node {
     /// The node's wall clock (the one that stamps entries when this node leads).
     pub fn clock(&self) -> &Clock {
         &self.inner.clock
+    }
+
+    /// The node's Prometheus metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
     }
 
     /// The openraft handle (for metrics and administration).

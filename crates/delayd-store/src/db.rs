@@ -194,6 +194,40 @@ impl KvRead for ReadView<'_> {
     }
 }
 
+/// How much space the database takes, as RocksDB reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StorageSizes {
+    /// Live SST files of every column family.
+    pub sst_bytes: u64,
+    /// Memtables (active, unflushed immutable and pinned) of every column family.
+    pub memtable_bytes: u64,
+    /// WAL files in the database directory.
+    pub wal_bytes: u64,
+}
+
+/// Reads [`StorageSizes`]: RocksDB properties summed over the column families, and a listing
+/// of the WAL files (RocksDB has no property for their size).
+pub(crate) fn sizes(db: &Db) -> Result<StorageSizes, StoreError> {
+    let mut sizes = StorageSizes::default();
+    let names = [CF_LOG, CF_RAFT_META].into_iter().chain(Cf::ALL.iter().map(|cf| cf.name()));
+    for name in names {
+        let handle = cf(db, name)?;
+        let int = |p| db.property_int_value_cf(handle, p).map(Option::unwrap_or_default);
+        sizes.sst_bytes += int(rocksdb::properties::TOTAL_SST_FILES_SIZE)?;
+        sizes.memtable_bytes += int(rocksdb::properties::CUR_SIZE_ALL_MEM_TABLES)?;
+    }
+    let dir = db.path();
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| StoreError::io(format!("list {}", dir.display()), e))?;
+    for entry in entries.flatten() {
+        // WAL files are `<number>.log`; RocksDB's info log is `LOG`, without the extension.
+        if entry.path().extension().is_some_and(|e| e == "log") {
+            sizes.wal_bytes += entry.metadata().map_or(0, |m| m.len());
+        }
+    }
+    Ok(sizes)
+}
+
 /// How many times RocksDB has synced its WAL since the database was opened.
 #[cfg(test)]
 pub(crate) fn wal_syncs(db: &Db) -> u64 {

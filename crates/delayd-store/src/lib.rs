@@ -69,15 +69,17 @@
 mod db;
 mod error;
 mod log;
+mod metrics;
 mod snapshot;
 mod state;
 
 use std::path::Path;
 use std::sync::Arc;
 
-pub use db::ReadView;
+pub use db::{ReadView, StorageSizes};
 pub use error::StoreError;
 pub use log::LogStore;
+pub use metrics::StoreMetrics;
 pub use state::{ApplyListener, SnapshotBuilder, StateMachineStore, StateReader};
 
 /// A node's id in the cluster.
@@ -113,13 +115,22 @@ impl Store {
     /// Blocks: call it before starting the node, or from `spawn_blocking`. The database stays
     /// open until both halves and every handle derived from them are dropped.
     pub fn open(data_dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
+        Store::open_with_metrics(data_dir, StoreMetrics::default())
+    }
+
+    /// [`Store::open`], recording into `metrics` (which the caller registers wherever it
+    /// exposes them).
+    pub fn open_with_metrics(
+        data_dir: &Path,
+        metrics: StoreMetrics,
+    ) -> Result<(LogStore, StateMachineStore), StoreError> {
         let db_dir = data_dir.join("db");
         std::fs::create_dir_all(&db_dir)
             .map_err(|e| StoreError::io(format!("create {}", db_dir.display()), e))?;
         let db = Arc::new(db::open(&db_dir)?);
         let snapshots = snapshot::SnapshotDir::open(data_dir.join("snapshots"))?;
-        let state = StateMachineStore::open(db.clone(), snapshots)?;
-        Ok((LogStore::new(db)?, state))
+        let state = StateMachineStore::open(db.clone(), snapshots, metrics.clone())?;
+        Ok((LogStore::new(db, metrics)?, state))
     }
 }
 

@@ -3,6 +3,7 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Instant;
 
 use delayd_core::codec;
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
@@ -11,6 +12,7 @@ use rocksdb::{ReadOptions, WriteBatch};
 
 use crate::db::{self, log_key, meta_key, Db, CF_LOG, CF_RAFT_META};
 use crate::error::{storage_err, subject, StoreError};
+use crate::metrics::{since, StoreMetrics};
 use crate::{blocking, LogEntry, NodeId, TypeConfig};
 
 /// The Raft log, vote and commit index, in the `raft_log` and `raft_meta` column families.
@@ -22,11 +24,16 @@ use crate::{blocking, LogEntry, NodeId, TypeConfig};
 pub struct LogStore {
     db: Arc<Db>,
     syncer: Arc<SyncerHandle>,
+    metrics: StoreMetrics,
 }
 
 impl LogStore {
-    pub(crate) fn new(db: Arc<Db>) -> Result<Self, StoreError> {
-        let syncer = Arc::new(Syncer::default());
+    pub(crate) fn new(db: Arc<Db>, metrics: StoreMetrics) -> Result<Self, StoreError> {
+        let syncer = Arc::new(Syncer {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            metrics: metrics.clone(),
+        });
         let thread = {
             let (db, syncer) = (db.clone(), syncer.clone());
             std::thread::Builder::new()
@@ -34,7 +41,8 @@ impl LogStore {
                 .spawn(move || syncer.run(&db))
                 .map_err(|e| StoreError::Task(format!("cannot start the WAL syncer: {e}")))?
         };
-        Ok(LogStore { db, syncer: Arc::new(SyncerHandle { syncer, thread: Some(thread) }) })
+        let syncer = Arc::new(SyncerHandle { syncer, thread: Some(thread) });
+        Ok(LogStore { db, syncer, metrics })
     }
 }
 
@@ -44,21 +52,26 @@ impl LogStore {
 /// thus never waits for an fsync, and appends that arrive while one sync runs share the
 /// next. One sync covers everything written to the WAL before it, and a callback is queued
 /// only after its entries were written, so every completed callback is truly durable.
-#[derive(Default)]
 struct Syncer {
     state: Mutex<SyncState>,
     wake: Condvar,
+    metrics: StoreMetrics,
 }
 
 #[derive(Default)]
 struct SyncState {
-    pending: Vec<LogFlushed<TypeConfig>>,
+    /// Callbacks of written appends, each with the time its `append` was called.
+    pending: Vec<(Instant, LogFlushed<TypeConfig>)>,
     stop: bool,
 }
 
 impl Syncer {
-    fn submit(&self, callback: LogFlushed<TypeConfig>) {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).pending.push(callback);
+    fn submit(&self, appended: Instant, callback: LogFlushed<TypeConfig>) {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pending
+            .push((appended, callback));
         self.wake.notify_one();
     }
 
@@ -74,8 +87,12 @@ impl Syncer {
                 }
                 std::mem::take(&mut state.pending)
             };
+            let synced = Instant::now();
             let result = sync_wal(db);
-            for callback in batch {
+            self.metrics.log_fsync_seconds.observe(since(synced));
+            self.metrics.log_fsync_batch_entries.observe(batch.len() as f64);
+            for (appended, callback) in batch {
+                self.metrics.log_append_seconds.observe(since(appended));
                 let result = match &result {
                     Ok(()) => Ok(()),
                     Err(e) => Err(std::io::Error::other(format!("syncing the WAL: {e}"))),
@@ -249,12 +266,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError<NodeId>> {
         let db = self.db.clone();
+        let index = committed.map_or(0, |c| c.index);
         blocking(move || {
             let cf = db::cf(&db, CF_RAFT_META)?;
             Ok(db.put_cf(cf, meta_key::COMMITTED, codec::encode(&committed))?)
         })
         .await
-        .map_err(storage_err(subject::write_logs))
+        .map_err(storage_err(subject::write_logs))?;
+        self.metrics.commit_index.set(i64::try_from(index).unwrap_or(i64::MAX));
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
@@ -277,13 +297,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = LogEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let appended = Instant::now();
         let entries: Vec<LogEntry> = entries.into_iter().collect();
         // Inline: an unsynced write goes to the memtable and the WAL's page cache in
         // microseconds (the fsync is the syncer's); a hop to the blocking pool would cost more.
         append_entries(&self.db, &entries).map_err(storage_err(subject::write_logs))?;
         // Written but not yet synced: the syncer completes the callback once it is on disk,
         // and only then may openraft count it towards a quorum.
-        self.syncer.syncer.submit(callback);
+        self.syncer.syncer.submit(appended, callback);
         Ok(())
     }
 

@@ -5,6 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, TryLockError};
+use std::time::Instant;
 
 use delayd_core::{codec, Cf, Effects, KvRead, Outcome, Overlay};
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -16,9 +17,11 @@ use rocksdb::WriteBatch;
 use tokio::io::AsyncWriteExt;
 
 use crate::db::{
-    self, meta_key, Db, ReadView, CF_RAFT_META, SM_LAST_APPLIED, SM_MEMBERSHIP, SM_RESERVED_PREFIX,
+    self, meta_key, Db, ReadView, StorageSizes, CF_RAFT_META, SM_LAST_APPLIED, SM_MEMBERSHIP,
+    SM_RESERVED_PREFIX,
 };
 use crate::error::{storage_err, subject, StoreError};
+use crate::metrics::{since, StoreMetrics};
 use crate::snapshot::{self, Meta, SnapshotDir, SnapshotReader, SnapshotRecord};
 use crate::{blocking, LogEntry, NodeId, TypeConfig};
 
@@ -48,6 +51,7 @@ struct Shared {
     /// Temporary files handed out by `begin_receiving_snapshot` and not yet installed.
     receiving: Mutex<Vec<std::path::PathBuf>>,
     listener: RwLock<Option<ApplyListener>>,
+    metrics: StoreMetrics,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,7 +65,7 @@ fn ctx_io(what: &'static str) -> impl Fn(io::Error) -> StoreError {
 }
 
 impl Shared {
-    fn open(db: Arc<Db>, dir: SnapshotDir) -> Result<Self, StoreError> {
+    fn open(db: Arc<Db>, dir: SnapshotDir, metrics: StoreMetrics) -> Result<Self, StoreError> {
         let mut current: Option<SnapshotRecord> =
             db::get_decoded(&db, CF_RAFT_META, meta_key::SNAPSHOT)?;
         if let Some(record) = &current {
@@ -80,6 +84,7 @@ impl Shared {
             install_gate: RwLock::new(()),
             receiving: Mutex::new(Vec::new()),
             listener: RwLock::new(None),
+            metrics,
         };
         let unfinished: Option<SnapshotRecord> =
             db::get_decoded(&shared.db, CF_RAFT_META, meta_key::INSTALLING)?;
@@ -134,7 +139,7 @@ impl Shared {
                 EntryPayload::Normal(data) => {
                     let mut entry_effects = Effects::default();
                     replies.push(delayd_core::apply(&mut overlay, data, &mut entry_effects)?);
-                    merge(&mut effects, entry_effects);
+                    effects.merge(entry_effects);
                 }
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(entry.log_id), m.clone()));
@@ -170,6 +175,7 @@ impl Shared {
 
     /// Builds a snapshot from one consistent view; returns its meta and the open file.
     fn build(&self) -> Result<(Meta, File), StoreError> {
+        let started = Instant::now();
         let view = self.view();
         let (last_log_id, last_membership) = {
             let last_applied: Option<Option<LogId<NodeId>>> = decode_opt(&view, SM_LAST_APPLIED)?;
@@ -188,6 +194,8 @@ impl Shared {
         // Open before promoting: if a newer snapshot wins, this file is removed, but the open
         // handle still reads it.
         let file = File::open(self.dir.path(&name)).map_err(ctx_io("open built snapshot"))?;
+        self.metrics.snapshot_build_seconds.observe(since(started));
+        self.record_snapshot_size(&file);
         self.promote(SnapshotRecord { file: name, meta: meta.clone() })?;
         Ok((meta, file))
     }
@@ -245,6 +253,7 @@ impl Shared {
     /// Installs a received snapshot: keeps the file (without copying it when it is the one
     /// `begin_receiving` handed out), verifies it completely, then replaces the state.
     fn install(&self, mut received: File, meta: &Meta) -> Result<(), StoreError> {
+        let started = Instant::now();
         let n = self.next_file();
         let name = SnapshotDir::snap_name(n);
         let pending = std::mem::take(&mut *lock(&self.receiving));
@@ -289,7 +298,16 @@ impl Shared {
             snapshot::remove_if_exists(&path)?;
             return Err(e);
         }
-        self.load(&SnapshotRecord { file: name, meta: meta.clone() })
+        self.load(&SnapshotRecord { file: name, meta: meta.clone() })?;
+        self.metrics.snapshot_install_seconds.observe(since(started));
+        self.record_snapshot_size(&received);
+        Ok(())
+    }
+
+    fn record_snapshot_size(&self, file: &File) {
+        if let Ok(m) = file.metadata() {
+            self.metrics.snapshot_bytes.set(i64::try_from(m.len()).unwrap_or(i64::MAX));
+        }
     }
 
     /// Replaces the state machine with a verified snapshot file. Crash-safe: the first synced
@@ -368,15 +386,6 @@ fn is_newer(record: &SnapshotRecord, current: Option<&SnapshotRecord>) -> bool {
     current.is_none_or(|c| record.meta.last_log_id >= c.meta.last_log_id)
 }
 
-/// Folds one entry's effects into the batch's.
-fn merge(into: &mut Effects, from: Effects) {
-    into.ready_queues.extend(from.ready_queues);
-    into.earliest_timer_ms = match (into.earliest_timer_ms, from.earliest_timer_ms) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-}
-
 /// The replicated state machine, persisted in the state-machine column families of the
 /// store's RocksDB. Hand it to `Raft::new`; keep a [`StateReader`] for queries.
 pub struct StateMachineStore {
@@ -384,8 +393,12 @@ pub struct StateMachineStore {
 }
 
 impl StateMachineStore {
-    pub(crate) fn open(db: Arc<Db>, dir: SnapshotDir) -> Result<Self, StoreError> {
-        Ok(StateMachineStore { shared: Arc::new(Shared::open(db, dir)?) })
+    pub(crate) fn open(
+        db: Arc<Db>,
+        dir: SnapshotDir,
+        metrics: StoreMetrics,
+    ) -> Result<Self, StoreError> {
+        Ok(StateMachineStore { shared: Arc::new(Shared::open(db, dir, metrics)?) })
     }
 
     /// A cheap, cloneable handle for reading the state (and setting the listener) after this
@@ -424,6 +437,11 @@ impl StateReader {
     /// state is incomplete.
     pub fn read_view(&self) -> Result<ReadView<'_>, StoreError> {
         self.shared.try_view()
+    }
+
+    /// How much space the database takes now (RocksDB properties, cheap to read).
+    pub fn storage_sizes(&self) -> Result<StorageSizes, StoreError> {
+        db::sizes(&self.shared.db)
     }
 
     /// Sets the apply listener; see [`StateMachineStore::set_listener`].

@@ -1,0 +1,604 @@
+//! # Prometheus metrics of one node, served at `GET /metrics`
+//!
+//! Every node owns a [`Metrics`] with its own [`Registry`] (several nodes share a process in
+//! tests, so nothing uses the global default registry). `docs/metrics.md` lists every series
+//! with its meaning; this module is where they come from. There are four sources:
+//!
+//! - **Requests**, recorded as they are answered: an axum middleware ([`track_http`]) labels
+//!   HTTP requests with the route *template* (`/api/{ns}/{q}`), never the raw path, so the
+//!   number of series is bounded by the router; [`GrpcMetered`] wraps the gRPC client API
+//!   the same way, by method name.
+//! - **Applied entries**: the apply listener hands every batch's [`Effects`] to
+//!   [`Metrics::record_applied`], which counts job events per queue and timer lateness.
+//!   Every replica applies the same log, so every replica reports the same cluster-wide
+//!   totals (since it started, and except what reached it by snapshot): aggregate with `max`
+//!   across nodes, never `sum`.
+//! - **Storage**: the store records log appends, fsyncs and snapshots into
+//!   [`StoreMetrics`] handles registered here.
+//! - **Scrape time**: gauges computed from local state when `/metrics` is read — queue
+//!   sizes and upcoming due times from the local replica (a stale read: a follower may lag
+//!   the leader by a few entries), Raft's view from `raft.metrics()`, and RocksDB's sizes.
+//!   Queues are listed up to [`MAX_QUEUES`], in key order; the rest are left out.
+//!
+//! Caveat: per-queue counters are never removed, so a node that has seen many short-lived
+//! queues keeps their series until it restarts; past [`MAX_QUEUES`] distinct queues, events
+//! of further queues are counted under `namespace="_other", queue="_other"` (names starting
+//! with `_` are reserved, so this never mixes with a real queue).
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use delayd_core::{query, Effects, QueueName};
+use delayd_store::{Raft, StateReader, StoreMetrics};
+use openraft::{BasicNode, RaftMetrics, ServerState};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use tokio::sync::watch;
+use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
+use tonic::server::NamedService;
+
+use crate::error::ServiceError;
+use crate::node::Node;
+
+/// Most queues reported by the per-queue gauges, and most queues with their own event
+/// counters; bounds the number of series a node exposes.
+pub const MAX_QUEUES: usize = 10_000;
+
+/// The `within` buckets of `delayd_jobs_due_within`, in ms, with their labels (`+Inf` is
+/// added after them).
+const DUE_WITHIN: [(u64, &str); 6] = [
+    (60_000, "1m"),
+    (5 * 60_000, "5m"),
+    (15 * 60_000, "15m"),
+    (3_600_000, "1h"),
+    (6 * 3_600_000, "6h"),
+    (24 * 3_600_000, "24h"),
+];
+
+/// Request durations: 0.5 ms to 60 s (a long-poll reserve may wait up to 600 s and lands in
+/// `+Inf`).
+const REQUEST_SECONDS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// Timer lateness: 1 ms to 60 s.
+const LATENESS_SECONDS: &[f64] =
+    &[0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// The label set of an overflowing queue (see the module docs).
+const OTHER_QUEUE: [&str; 2] = ["_other", "_other"];
+
+/// Raft server states, as the `state` label shows them.
+const RAFT_STATES: [(ServerState, &str); 5] = [
+    (ServerState::Leader, "leader"),
+    (ServerState::Follower, "follower"),
+    (ServerState::Candidate, "candidate"),
+    (ServerState::Learner, "learner"),
+    (ServerState::Shutdown, "shutdown"),
+];
+
+/// Counters of one kind of job event, labelled by namespace and queue.
+struct JobCounters {
+    published: IntCounterVec,
+    reserved: IntCounterVec,
+    acked: IntCounterVec,
+    released: IntCounterVec,
+    timed_out: IntCounterVec,
+    expired: IntCounterVec,
+    dead_lettered: IntCounterVec,
+}
+
+/// One node's metrics: its registry and the handles recorded into it.
+pub struct Metrics {
+    registry: Registry,
+    store: StoreMetrics,
+
+    http_requests: IntCounterVec,
+    http_seconds: HistogramVec,
+    grpc_requests: IntCounterVec,
+    grpc_seconds: HistogramVec,
+
+    jobs_events: JobCounters,
+    timer_lateness: Histogram,
+    /// Queues that have their own event counters (at most [`MAX_QUEUES`]).
+    counted_queues: Mutex<HashSet<QueueName>>,
+
+    jobs: IntGaugeVec,
+    jobs_due_within: IntGaugeVec,
+
+    raft_term: IntGauge,
+    raft_state: IntGaugeVec,
+    raft_leader_id: IntGauge,
+    raft_leader_changes: IntCounter,
+    raft_last_log_index: IntGauge,
+    raft_applied_index: IntGauge,
+    raft_replication_lag: IntGaugeVec,
+    /// No labels: a vector so that the series can be absent when this node does not lead.
+    raft_quorum_ack: IntGaugeVec,
+
+    rocksdb_size: IntGaugeVec,
+
+    /// Serialises scrapes: each resets and refills the scrape-time gauges before gathering.
+    scrape: Mutex<()>,
+}
+
+/// Creates a metric and registers it, or returns the registry's error.
+struct Builder<'r>(&'r Registry);
+
+impl Builder<'_> {
+    fn add<M: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        m: prometheus::Result<M>,
+    ) -> prometheus::Result<M> {
+        let m = m?;
+        self.0.register(Box::new(m.clone()))?;
+        Ok(m)
+    }
+
+    fn counter(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> prometheus::Result<IntCounterVec> {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels))
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels))
+    }
+
+    fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: &[f64],
+    ) -> prometheus::Result<HistogramVec> {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.add(HistogramVec::new(opts, labels))
+    }
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    /// A registry with every metric of a node, recording into `store`'s handles too.
+    pub fn new(store: StoreMetrics) -> prometheus::Result<Metrics> {
+        let registry = Registry::new();
+        store.register(&registry)?;
+        let b = Builder(&registry);
+        let queue = &["namespace", "queue"];
+        let events =
+            |what: &str, help: &str| b.counter(&format!("delayd_jobs_{what}_total"), help, queue);
+        let jobs_events = JobCounters {
+            published: events("published", "Jobs created by a publish, as applied.")?,
+            reserved: events("reserved", "Deliveries: jobs handed out by a reserve, as applied.")?,
+            acked: events("acked", "Jobs removed by an ack, as applied.")?,
+            released: events("released", "Reserved jobs put back by a release, as applied.")?,
+            timed_out: events("timed_out", "Reservations whose ttr ran out, as applied.")?,
+            expired: events("expired", "Jobs removed because their ttl passed, as applied.")?,
+            dead_lettered: events(
+                "dead_lettered",
+                "Jobs moved to the dead letter (buried or out of tries), as applied.",
+            )?,
+        };
+        let single = |name: &str, help: &str| b.add(IntGauge::new(name, help));
+        Ok(Metrics {
+            http_requests: b.counter(
+                "delayd_http_requests_total",
+                "HTTP requests answered, by route template, method and status.",
+                &["route", "method", "status"],
+            )?,
+            http_seconds: b.histogram(
+                "delayd_http_request_duration_seconds",
+                "HTTP request durations until the response head, by route template and method.",
+                &["route", "method"],
+                REQUEST_SECONDS,
+            )?,
+            grpc_requests: b.counter(
+                "delayd_grpc_requests_total",
+                "gRPC client API calls answered, by method and status code.",
+                &["method", "code"],
+            )?,
+            grpc_seconds: b.histogram(
+                "delayd_grpc_request_duration_seconds",
+                "gRPC client API call durations until the response head, by method.",
+                &["method"],
+                REQUEST_SECONDS,
+            )?,
+            jobs_events,
+            timer_lateness: b.add(Histogram::with_opts(
+                HistogramOpts::new(
+                    "delayd_timer_lateness_seconds",
+                    "For each delayed job made ready by a tick: the tick's replicated clock \
+                     minus the job's due time.",
+                )
+                .buckets(LATENESS_SECONDS.to_vec()),
+            ))?,
+            counted_queues: Mutex::default(),
+            jobs: b.gauge(
+                "delayd_jobs",
+                "Jobs per queue and state in the local replica, read at scrape time.",
+                &["namespace", "queue", "state"],
+            )?,
+            jobs_due_within: b.gauge(
+                "delayd_jobs_due_within",
+                "Delayed jobs coming due within the given time from now (cumulative, minute \
+                 resolution), in the local replica, read at scrape time.",
+                &["namespace", "queue", "within"],
+            )?,
+            raft_term: single("delayd_raft_term", "The current Raft term.")?,
+            raft_state: b.gauge(
+                "delayd_raft_state",
+                "1 for this node's current Raft state, 0 for the others.",
+                &["state"],
+            )?,
+            raft_leader_id: single(
+                "delayd_raft_leader_id",
+                "The id of the leader this node knows of; 0 when it knows none.",
+            )?,
+            raft_leader_changes: b.add(IntCounter::new(
+                "delayd_raft_leader_changes_total",
+                "Leaders this node has seen established (a new leader, or a new term).",
+            ))?,
+            raft_last_log_index: single(
+                "delayd_raft_last_log_index",
+                "The last log index in this node's log.",
+            )?,
+            raft_applied_index: single(
+                "delayd_raft_applied_index",
+                "The last log index applied to this node's state machine.",
+            )?,
+            raft_replication_lag: b.gauge(
+                "delayd_raft_replication_lag_entries",
+                "On the leader: its last log index minus each follower's matched index.",
+                &["follower"],
+            )?,
+            raft_quorum_ack: b.gauge(
+                "delayd_raft_millis_since_quorum_ack",
+                "On the leader: milliseconds since a quorum last acknowledged it.",
+                &[],
+            )?,
+            rocksdb_size: b.gauge(
+                "delayd_rocksdb_size_bytes",
+                "Space RocksDB uses, by kind: sst files, memtables, wal files.",
+                &["kind"],
+            )?,
+            scrape: Mutex::new(()),
+            store,
+            registry,
+        })
+    }
+
+    /// The handles the store records into.
+    pub fn store(&self) -> &StoreMetrics {
+        &self.store
+    }
+
+    /// The node's registry, for callers that want to add their own metrics.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Counts an applied batch's job events and timer lateness. Runs on the apply path: a
+    /// few map lookups per queue with events, nothing that blocks.
+    pub fn record_applied(&self, effects: &Effects) {
+        let c = &self.jobs_events;
+        for (queue, e) in &effects.events {
+            let labels = self.queue_labels(queue);
+            for (counter, n) in [
+                (&c.published, e.published),
+                (&c.reserved, e.reserved),
+                (&c.acked, e.acked),
+                (&c.released, e.released),
+                (&c.timed_out, e.timed_out),
+                (&c.expired, e.expired),
+                (&c.dead_lettered, e.dead_lettered),
+            ] {
+                if n > 0 {
+                    counter.with_label_values(&labels).inc_by(n);
+                }
+            }
+        }
+        for ms in &effects.timer_lateness_ms {
+            self.timer_lateness.observe(*ms as f64 / 1000.0);
+        }
+    }
+
+    /// The labels of a queue's event counters: its own while fewer than [`MAX_QUEUES`]
+    /// queues have counters, else the shared overflow labels.
+    fn queue_labels<'q>(&self, queue: &'q QueueName) -> [&'q str; 2] {
+        let mut counted = self.counted_queues.lock().unwrap_or_else(PoisonError::into_inner);
+        if counted.contains(queue) || counted.len() < MAX_QUEUES && counted.insert(queue.clone()) {
+            [queue.namespace.as_str(), queue.queue.as_str()]
+        } else {
+            OTHER_QUEUE
+        }
+    }
+
+    /// Records one answered HTTP request.
+    pub fn http_request(&self, route: &str, method: &Method, status: StatusCode, took: Duration) {
+        let method = method_label(method);
+        self.http_requests.with_label_values(&[route, method, status.as_str()]).inc();
+        self.http_seconds.with_label_values(&[route, method]).observe(took.as_secs_f64());
+    }
+
+    /// Records one answered gRPC call.
+    pub fn grpc_request(&self, method: &str, code: &str, took: Duration) {
+        self.grpc_requests.with_label_values(&[method, code]).inc();
+        self.grpc_seconds.with_label_values(&[method]).observe(took.as_secs_f64());
+    }
+
+    /// Counts a leader newly seen by the leader watch.
+    fn leader_changed(&self) {
+        self.raft_leader_changes.inc();
+    }
+
+    /// Refreshes the scrape-time gauges from `node` and renders every metric in the text
+    /// exposition format. Blocking: it reads RocksDB.
+    pub fn render(&self, node: &Node) -> Result<String, ServiceError> {
+        let _one_at_a_time = self.scrape.lock().unwrap_or_else(PoisonError::into_inner);
+        let raft = node.raft().metrics().borrow().clone();
+        self.refresh_raft(&raft);
+        let reader = &node.inner.reader;
+        if let Err(e) = self.refresh_queues(reader, node.clock().now_ms()) {
+            // A follower installing a snapshot has no consistent state to show: leave the
+            // queue gauges out of this scrape rather than fail all of it.
+            tracing::debug!(error = %e, "queue gauges left out of this scrape");
+        }
+        self.refresh_storage(reader);
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .map_err(|e| ServiceError::Internal(format!("encoding metrics: {e}")))
+    }
+
+    fn refresh_raft(&self, m: &RaftMetrics<u64, BasicNode>) {
+        self.raft_term.set(to_i64(m.current_term));
+        for (state, name) in RAFT_STATES {
+            self.raft_state.with_label_values(&[name]).set(i64::from(m.state == state));
+        }
+        self.raft_leader_id.set(to_i64(m.current_leader.unwrap_or(0)));
+        let last_log = m.last_log_index.unwrap_or(0);
+        self.raft_last_log_index.set(to_i64(last_log));
+        self.raft_applied_index.set(to_i64(m.last_applied.map_or(0, |l| l.index)));
+        self.raft_replication_lag.reset();
+        // Only a leader has a replication map; it includes the leader itself.
+        for (id, matched) in m.replication.iter().flatten().filter(|(id, _)| **id != m.id) {
+            let lag = last_log.saturating_sub(matched.map_or(0, |l| l.index));
+            self.raft_replication_lag.with_label_values(&[id.to_string()]).set(to_i64(lag));
+        }
+        self.raft_quorum_ack.reset();
+        if let Some(ms) = m.millis_since_quorum_ack {
+            self.raft_quorum_ack.with_label_values::<&str>(&[]).set(to_i64(ms));
+        }
+    }
+
+    fn refresh_queues(&self, reader: &StateReader, now_ms: u64) -> Result<(), ServiceError> {
+        self.jobs.reset();
+        self.jobs_due_within.reset();
+        let view = reader.read_view()?;
+        let queues = query::queues(&view, None, MAX_QUEUES)?;
+        if queues.len() == MAX_QUEUES {
+            tracing::debug!(limit = MAX_QUEUES, "more queues than the gauges report");
+        }
+        let bounds = DUE_WITHIN.map(|(ms, _)| ms);
+        for (queue, meta) in &queues {
+            let (ns, q) = (queue.namespace.as_str(), queue.queue.as_str());
+            for (state, n) in ["delayed", "ready", "reserved", "dead"].into_iter().zip(meta.counts)
+            {
+                self.jobs.with_label_values(&[ns, q, state]).set(to_i64(n));
+            }
+            // A queue without delayed jobs has nothing in its due histogram: skip the scan.
+            let due = if meta.counts[0] == 0 {
+                vec![0; bounds.len() + 1]
+            } else {
+                query::due_histogram(&view, queue, now_ms, &bounds)?
+            };
+            let labels = DUE_WITHIN.iter().map(|(_, l)| *l).chain(["+Inf"]);
+            for (within, n) in labels.zip(due) {
+                self.jobs_due_within.with_label_values(&[ns, q, within]).set(to_i64(n));
+            }
+        }
+        Ok(())
+    }
+
+    fn refresh_storage(&self, reader: &StateReader) {
+        match reader.storage_sizes() {
+            Ok(s) => {
+                for (kind, n) in
+                    [("sst", s.sst_bytes), ("memtable", s.memtable_bytes), ("wal", s.wal_bytes)]
+                {
+                    self.rocksdb_size.with_label_values(&[kind]).set(to_i64(n));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's sizes"),
+        }
+    }
+}
+
+/// The method label: the standard methods by name, anything else as `other` (a client can
+/// send any token as a method, and labels must stay bounded).
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::PUT => "PUT",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// `GET /metrics`: every metric of the node in Prometheus' text format.
+pub async fn scrape(State(node): State<Node>) -> Response {
+    let rendered = tokio::task::spawn_blocking(move || node.metrics().render(&node))
+        .await
+        .map_err(|e| ServiceError::Internal(format!("metrics task: {e}")))
+        .and_then(|r| r);
+    match rendered {
+        Ok(text) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response(),
+        Err(e) => crate::http::ApiError(e).into_response(),
+    }
+}
+
+/// HTTP middleware (`axum::middleware::from_fn_with_state`) counting and timing requests by
+/// route template; requests no route matched are labelled `unmatched`.
+pub async fn track_http(State(node): State<Node>, request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let method = request.method().clone();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    node.metrics().http_request(route, &method, response.status(), started.elapsed());
+    response
+}
+
+/// The gRPC client API wrapped to count and time its calls. The status code is read from the
+/// response head: a stream that fails after it started is counted as `OK`.
+#[derive(Clone)]
+pub struct GrpcMetered<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> GrpcMetered<S> {
+    /// Wraps `inner`, recording into `metrics`.
+    pub fn new(inner: S, metrics: Arc<Metrics>) -> Self {
+        GrpcMetered { inner, metrics }
+    }
+}
+
+impl<S: NamedService> NamedService for GrpcMetered<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B, R> Service<http::Request<B>> for GrpcMetered<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let metrics = self.metrics.clone();
+        let method = request.uri().path().rsplit('/').next().unwrap_or_default().to_string();
+        let started = Instant::now();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            let code = grpc_code(response.headers());
+            // An unknown method is answered UNIMPLEMENTED: don't let its name become a label.
+            let method = if code == "UNIMPLEMENTED" { "unknown" } else { method.as_str() };
+            metrics.grpc_request(method, code, started.elapsed());
+            Ok(response)
+        })
+    }
+}
+
+/// The gRPC status of a response, from its head: an error answered before any message
+/// carries `grpc-status` in the head (tonic's trailers-only response); without it the call
+/// was accepted, and a unary call then succeeded. A stream that fails after it started
+/// reports its status in the trailers, which this does not wait for: it counts as `OK`.
+fn grpc_code(headers: &HeaderMap) -> &'static str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    match headers.get("grpc-status") {
+        None => "OK",
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .and_then(|i| NAMES.get(i).copied())
+            .unwrap_or("UNKNOWN"),
+    }
+}
+
+/// Counts every leader this node sees established, until `shutdown`: a change of
+/// `(current_leader, term)` to a known leader, including the first one after start.
+pub(crate) async fn watch_leader(
+    raft: Raft,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut raft_metrics = raft.metrics();
+    let mut last = None;
+    loop {
+        let seen = {
+            let m = raft_metrics.borrow_and_update();
+            m.current_leader.map(|leader| (leader, m.current_term))
+        };
+        if seen.is_some() && seen != last {
+            metrics.leader_changed();
+            last = seen;
+        }
+        tokio::select! {
+            r = raft_metrics.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn grpc_codes_come_from_the_response_head() {
+        let mut h = HeaderMap::new();
+        assert_eq!(grpc_code(&h), "OK");
+        h.insert("grpc-status", "3".parse().unwrap());
+        assert_eq!(grpc_code(&h), "INVALID_ARGUMENT");
+        h.insert("grpc-status", "99".parse().unwrap());
+        assert_eq!(grpc_code(&h), "UNKNOWN");
+    }
+
+    #[test]
+    fn event_counters_stop_growing_new_queues_at_the_cap() {
+        let m = Metrics::new(StoreMetrics::default()).unwrap();
+        let q = |i: usize| QueueName::new("ns", format!("q{i}"));
+        for i in 0..MAX_QUEUES {
+            assert_eq!(m.queue_labels(&q(i)), ["ns", format!("q{i}").as_str()]);
+        }
+        assert_eq!(m.queue_labels(&q(MAX_QUEUES)), OTHER_QUEUE);
+        assert_eq!(m.queue_labels(&q(0)), ["ns", "q0"], "a counted queue keeps its labels");
+    }
+}
