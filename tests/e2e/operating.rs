@@ -1,0 +1,175 @@
+//! What an operator meets first, against the real binary: settings layered file → environment
+//! → flags and refused with a precise message when wrong, the admin token generated on first
+//! start, and JSON logs that carry each request's id.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use delayd_tests::{delayd_bin, eventually, free_port, Server};
+use serde_json::Value;
+
+/// Runs delayd to completion with `args` and `env`, expecting it to refuse to start.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> Result<String> {
+    let mut cmd = Command::new(delayd_bin()?);
+    cmd.args(args).stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output()?;
+    ensure!(!out.status.success(), "delayd started with {args:?} {env:?}");
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn bad_settings_stop_delayd_with_the_key_named() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("delayd.toml");
+    std::fs::write(&file, "node_id = 1\nhtp_addr = \"127.0.0.1:1\"\n")?;
+    let config = file.display().to_string();
+    let err = refused(&["--config", &config], &[])?;
+    ensure!(err.contains(&config) && err.contains("unknown field `htp_addr`"), "{err}");
+
+    let err = refused(&["--dev"], &[("DELAYD_HEARTBEAT_MS", "900")])?;
+    ensure!(err.contains("heartbeat_ms (900) must be less than"), "{err}");
+    let err = refused(&["--admin-token", "short"], &[])?;
+    ensure!(err.contains("admin_token must be at least 16 characters"), "{err}");
+    let err = refused(&["--config", "/nonexistent/delayd.toml"], &[])?;
+    ensure!(err.contains("cannot read the config file /nonexistent/delayd.toml"), "{err}");
+    Ok(())
+}
+
+/// Waits until `url`'s /health answers.
+async fn healthy(url: &str) -> Result<()> {
+    eventually(Duration::from_secs(30), || async {
+        Ok(match reqwest::get(format!("{url}/health")).await {
+            Ok(r) if r.status().is_success() => Some(()),
+            _ => None,
+        })
+    })
+    .await
+}
+
+/// The status of `GET /admin/cluster` with `token` as the admin credential.
+async fn admin_status(url: &str, token: &str) -> Result<u16> {
+    let r = reqwest::Client::new()
+        .get(format!("{url}/admin/cluster"))
+        .bearer_auth(token)
+        .send()
+        .await?;
+    Ok(r.status().as_u16())
+}
+
+/// A child process that is killed when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_is_overridden_by_the_environment_and_that_by_flags() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (http, grpc) = (free_port()?, free_port()?);
+    let file = dir.path().join("delayd.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "http_addr = \"127.0.0.1:{http}\"\ngrpc_addr = \"127.0.0.1:{grpc}\"\n\
+             data_dir = \"{}\"\nadmin_token = \"admin-token-from-the-file\"\n",
+            dir.path().join("data").display()
+        ),
+    )?;
+    let url = format!("http://127.0.0.1:{http}");
+    let start = |flags: &[&str]| -> Result<Child> {
+        let child = Command::new(delayd_bin()?)
+            .arg("--config")
+            .arg(&file)
+            .args(flags)
+            .env("DELAYD_ADMIN_TOKEN", "admin-token-from-the-environment")
+            .env_remove("DELAYD_DEV")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(Child(child))
+    };
+
+    // The file chose the ports; the environment's token beats the file's.
+    let node = start(&[])?;
+    healthy(&url).await?;
+    ensure!(admin_status(&url, "admin-token-from-the-environment").await? == 200);
+    ensure!(admin_status(&url, "admin-token-from-the-file").await? == 401);
+    drop(node);
+
+    // A flag beats both.
+    let _node = start(&["--admin-token", "admin-token-from-the-flag"])?;
+    healthy(&url).await?;
+    ensure!(admin_status(&url, "admin-token-from-the-flag").await? == 200);
+    ensure!(admin_status(&url, "admin-token-from-the-environment").await? == 401);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_admin_token_one_is_generated_into_the_data_dir() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("node1");
+    // `--dev=false`: the secure default, spelled out so the harness adds no `--dev`.
+    let flags = vec!["--dev=false".to_string()];
+    let server = Server::spawn(1, &data, free_port()?, free_port()?, flags).await?;
+    let path = data.join("admin-token");
+    let token = std::fs::read_to_string(&path).context("the generated token")?;
+    let token = token.trim();
+    ensure!(token.len() == 32, "{token:?}");
+    ensure!(std::fs::metadata(&path)?.permissions().mode() & 0o777 == 0o600);
+    ensure!(admin_status(&server.url, token).await? == 200);
+    let anonymous = reqwest::get(format!("{}/api/ns/q/size", server.url)).await?;
+    ensure!(anonymous.status().as_u16() == 401, "the data plane is closed too");
+    let log = server.log_text();
+    ensure!(log.contains("no admin token configured: generated one"), "{log}");
+    ensure!(!log.contains(token), "the token itself is never logged");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_each_request_id_and_hide_the_admin_token() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let secret = "admin-token-that-must-not-be-logged";
+    let flags = ["--admin-token", secret, "--log-json", "--log-level", "info,delayd_server=debug"];
+    let flags = flags.iter().map(|f| f.to_string()).collect();
+    let server =
+        Server::spawn(1, &dir.path().join("node1"), free_port()?, free_port()?, flags).await?;
+    let r = reqwest::Client::new()
+        .put(format!("{}/api/ns/q", server.url))
+        .bearer_auth(secret)
+        .header("x-request-id", "e2e-trace-42")
+        .body("hello")
+        .send()
+        .await?;
+    ensure!(r.status().as_u16() == 201);
+    ensure!(r.headers()["x-request-id"] == "e2e-trace-42");
+
+    // The request's lines name its id, as JSON fields of its span.
+    let line = eventually(Duration::from_secs(10), || async {
+        Ok(server.log_text().lines().find_map(|l| {
+            let v: Value = serde_json::from_str(l).ok()?;
+            let done = v["fields"]["message"] == "request done";
+            (done && v["span"]["request_id"] == "e2e-trace-42").then_some(v)
+        }))
+    })
+    .await?;
+    ensure!(line["span"]["method"] == "PUT" && line["fields"]["status"] == 201, "{line}");
+    ensure!(line["level"] == "DEBUG", "{line}");
+
+    let log = server.log_text();
+    for l in log.lines() {
+        ensure!(serde_json::from_str::<Value>(l).is_ok(), "not a JSON line: {l}");
+    }
+    ensure!(!log.contains(secret), "the admin token reached the log");
+    ensure!(log.contains("effective configuration") && log.contains("<redacted>"), "{log}");
+    Ok(())
+}
