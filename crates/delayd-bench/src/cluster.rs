@@ -101,6 +101,9 @@ pub struct Cluster {
     pub urls: Vec<String>,
     /// Each node's gRPC address (`host:port`), in node-id order; empty for a target.
     pub grpc: Vec<String>,
+    /// The credential every request shows (a target's token); `None` for the clusters the
+    /// bench starts, which run with `--dev`.
+    pub token: Option<String>,
     bin: PathBuf,
     nodes: Vec<Node>,
     // Dropped after `nodes` (field order): the processes die before their directories go.
@@ -145,8 +148,15 @@ impl Cluster {
         let name = format!("delayd {n} node{}", if n == 1 { "" } else { "s" });
         let urls = http.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
         let grpc = grpc.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let mut cluster =
-            Cluster { name, urls, grpc, bin: bin.to_path_buf(), nodes, _dir: Some(dir) };
+        let mut cluster = Cluster {
+            name,
+            urls,
+            grpc,
+            token: None,
+            bin: bin.to_path_buf(),
+            nodes,
+            _dir: Some(dir),
+        };
         for i in 0..n {
             cluster.launch(i)?;
         }
@@ -155,12 +165,13 @@ impl Cluster {
     }
 
     /// A cluster the bench did not start: only its HTTP addresses are known.
-    pub fn target(urls: Vec<String>) -> Cluster {
+    pub fn target(urls: Vec<String>, token: Option<String>) -> Cluster {
         let urls = urls.into_iter().map(|u| u.trim_end_matches('/').to_string()).collect();
         Cluster {
             name: "delayd target".into(),
             urls,
             grpc: Vec::new(),
+            token,
             bin: PathBuf::new(),
             nodes: Vec::new(),
             _dir: None,

@@ -55,6 +55,10 @@ struct Args {
     /// `storage` and `failover` are skipped (they need the processes).
     #[arg(long, value_delimiter = ',')]
     target: Vec<String>,
+    /// With --target: the token every request shows (the admin token, or a token of the
+    /// bench's namespaces); the clusters the bench starts run with --dev and need none.
+    #[arg(long, env = "DELAYD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// The delayd binary (default: target/release/delayd if it exists, else target/debug).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -214,7 +218,7 @@ async fn run(args: Args) -> Result<ExitCode> {
     for size in sizes {
         let started_cluster = match size {
             Some(n) => Cluster::start(&bin, n).await,
-            None => Ok(Cluster::target(args.target.clone())),
+            None => Ok(Cluster::target(args.target.clone(), args.token.clone())),
         };
         let mut cluster = match started_cluster {
             Ok(c) => c,

@@ -71,6 +71,8 @@ pub struct Ctx {
     pub grpc: Vec<String>,
     /// The system's label in the table.
     pub system: String,
+    /// The credential for the gRPC client (HTTP requests carry it as a default header).
+    token: Option<String>,
     /// A per-run namespace, so reruns against a target never mix.
     pub ns: String,
     /// Parameters.
@@ -80,7 +82,14 @@ pub struct Ctx {
 impl Ctx {
     /// A context for `cluster`.
     pub fn new(cluster: &Cluster, opts: &Opts, ns: &str) -> Result<Ctx> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = &cluster.token {
+            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))?;
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .pool_max_idle_per_host(opts.clients.max(1) * 2)
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
@@ -90,6 +99,7 @@ impl Ctx {
             urls: cluster.urls.clone(),
             grpc: cluster.grpc.clone(),
             system: cluster.name.clone(),
+            token: cluster.token.clone(),
             ns: ns.to_string(),
             opts: opts.clone(),
         })
@@ -225,7 +235,11 @@ pub async fn publish_grpc_stream(ctx: &Ctx) -> Result<Row> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..ctx.opts.clients {
-        let client = delayd_client::Client::connect(&ctx.grpc).await?;
+        let options = delayd_client::Options {
+            token: ctx.token.clone(),
+            ..delayd_client::Options::default()
+        };
+        let client = delayd_client::Client::connect_with(&ctx.grpc, options).await?;
         let (budget, batches) = (budget.clone(), vec![batch.clone(); STREAM_BATCHES]);
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::default();
