@@ -173,3 +173,34 @@ async fn json_logs_carry_each_request_id_and_hide_the_admin_token() -> Result<()
     ensure!(log.contains("effective configuration") && log.contains("<redacted>"), "{log}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_created_through_one_node_works_at_once_on_every_node() -> Result<()> {
+    let admin = "cluster-admin-token-0000000";
+    let cluster = delayd_tests::Cluster::start(3, &["--admin-token", admin]).await?;
+    let http = reqwest::Client::new();
+    // Created through a follower (forwarded to the leader), then used on every node at once:
+    // a follower that has not applied it yet catches up before it would refuse it.
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let follower = (leader + 1) % 3;
+    for round in 0..5 {
+        let r = http
+            .post(format!("{}/token/ns{round}", cluster.nodes[follower].url))
+            .bearer_auth(admin)
+            .send()
+            .await?;
+        ensure!(r.status().as_u16() == 201, "create: {}", r.status());
+        let v: Value = r.json().await?;
+        let token = v["token"].as_str().context("token")?.to_string();
+        for node in &cluster.nodes {
+            let r = http
+                .put(format!("{}/api/ns{round}/q", node.url))
+                .header("x-token", &token)
+                .body("x")
+                .send()
+                .await?;
+            ensure!(r.status().as_u16() == 201, "node {} refused a new token: {}", node.id, r.status());
+        }
+    }
+    Ok(())
+}

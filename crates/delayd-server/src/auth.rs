@@ -213,8 +213,8 @@ fn percent_decode(s: &str) -> String {
 
 impl Node {
     /// Authenticates a credential: the admin token, or a namespace token from the replicated
-    /// state. A token this replica does not know may have just been created on the leader,
-    /// so before refusing it the replica catches up with the leader's commit index once.
+    /// state. A token a follower does not know may have just been created on the leader, so
+    /// before refusing it the follower catches up with the leader's commit index once.
     pub async fn authenticate(&self, credential: Option<&str>) -> Result<Principal, ServiceError> {
         let auth = &self.inner.auth;
         if auth.config.dev {
@@ -229,7 +229,9 @@ impl Node {
             return Ok(Principal::Admin);
         }
         let mut record = self.read(true, |v| query::token(v, token)).await?;
-        if record.is_none() && self.read_barrier().await.is_ok() {
+        // The leader answers a token's creation only once it has applied it, so only a
+        // follower can be behind; a miss there costs one read-index round trip.
+        if record.is_none() && !self.is_leader() && self.read_barrier().await.is_ok() {
             record = self.read(true, |v| query::token(v, token)).await?;
         }
         match record {
