@@ -199,7 +199,12 @@ async fn a_token_created_through_one_node_works_at_once_on_every_node() -> Resul
                 .body("x")
                 .send()
                 .await?;
-            ensure!(r.status().as_u16() == 201, "node {} refused a new token: {}", node.id, r.status());
+            ensure!(
+                r.status().as_u16() == 201,
+                "node {} refused a new token: {}",
+                node.id,
+                r.status()
+            );
         }
     }
     Ok(())

@@ -311,10 +311,14 @@ impl Client {
     fn credential(&self) -> Result<Credential, Error> {
         match &self.inner.options.token {
             None => Ok(Credential(None)),
-            Some(t) => format!("Bearer {t}")
-                .parse()
-                .map(|v| Credential(Some(v)))
-                .map_err(|_| Error::Invalid("the token is not visible ASCII".into())),
+            Some(t) => {
+                let mut v: MetadataValue<Ascii> = format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| Error::Invalid("the token is not visible ASCII".into()))?;
+                // Never put into HTTP/2's header compression tables.
+                v.set_sensitive(true);
+                Ok(Credential(Some(v)))
+            }
         }
     }
 

@@ -133,13 +133,9 @@ impl Api {
     /// metadata (see [`crate::auth`]).
     async fn caller<T>(&self, request: &Request<T>) -> Result<(Node, Principal), Status> {
         let node = self.node()?;
-        let meta = request.metadata();
-        let text = |k: &str| meta.get(k).and_then(|v| v.to_str().ok()).map(str::trim);
-        let credential = text("authorization")
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .or_else(|| text("x-token"))
-            .map(str::trim);
-        match node.authenticate(credential).await {
+        // gRPC metadata is HTTP/2 headers: the same two headers as the HTTP API.
+        let credential = crate::auth::credential(&request.metadata().clone().into_headers(), None);
+        match node.authenticate(credential.as_deref()).await {
             Ok(p) => Ok((node, p)),
             Err(e) => Err(fail(&node, &e)),
         }

@@ -38,7 +38,7 @@ pub enum Access {
 }
 
 /// The authenticated caller.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Principal {
     /// Authentication is off (`--dev`).
     Dev,
@@ -51,6 +51,17 @@ pub enum Principal {
         /// What it opens and how fast.
         record: TokenRecord,
     },
+}
+
+impl std::fmt::Debug for Principal {
+    /// Never the token itself: a principal may end up in a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Principal::Dev => f.write_str("Dev"),
+            Principal::Admin => f.write_str("Admin"),
+            Principal::Namespace { record, .. } => write!(f, "Namespace({:?})", record.namespace),
+        }
+    }
 }
 
 /// Authentication state of one node: its configuration and the rate limiters of the tokens
@@ -100,7 +111,7 @@ impl Auth {
 }
 
 /// Compares two secrets in time independent of where they differ.
-fn same(a: &str, b: &str) -> bool {
+pub(crate) fn same(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -135,6 +146,11 @@ impl Bucket {
             false
         }
     }
+}
+
+/// Whether `t` has the shape of the tokens [`Node::create_token`] makes: 32 lowercase hex.
+fn looks_like_token(t: &str) -> bool {
+    t.len() == 32 && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The credential a request shows: `Authorization: Bearer`, `X-Token`, or `?token=`.
@@ -179,7 +195,7 @@ fn need(method: &Method, path: &str) -> Need {
                 };
                 // A reserve is a GET in lmstfy's API, yet it takes jobs: a write. Its path is
                 // `/api/{ns}/{queues}` with nothing after the queues.
-                let reserve = method == Method::GET && parts.clone().count() == 1;
+                let reserve = access == Access::Read && parts.clone().count() == 1;
                 let access = if reserve { Access::Write } else { access };
                 Need::Namespace(percent_decode(ns), access)
             }
@@ -230,8 +246,12 @@ impl Node {
         }
         let mut record = self.read(true, |v| query::token(v, token)).await?;
         // The leader answers a token's creation only once it has applied it, so only a
-        // follower can be behind; a miss there costs one read-index round trip.
-        if record.is_none() && !self.is_leader() && self.read_barrier().await.is_ok() {
+        // follower can be behind; a miss there costs one read-index round trip. Only for
+        // strings shaped like our tokens, so garbage never reaches the leader.
+        if record.is_none() && !self.is_leader() && looks_like_token(token) {
+            self.read_barrier().await.map_err(|e| {
+                ServiceError::Unavailable(format!("cannot check the token with the leader: {e}"))
+            })?;
             record = self.read(true, |v| query::token(v, token)).await?;
         }
         match record {
@@ -336,6 +356,8 @@ mod tests {
         assert_eq!(need(&Method::GET, "/metrics"), Need::Metrics);
         assert_eq!(need(&Method::PUT, "/api/ns1/q"), ns("ns1", Access::Write));
         assert_eq!(need(&Method::GET, "/api/ns1/q1,q2"), ns("ns1", Access::Write));
+        // axum answers HEAD with the GET handler: a HEAD on the reserve route takes a job.
+        assert_eq!(need(&Method::HEAD, "/api/ns1/q"), ns("ns1", Access::Write));
         assert_eq!(need(&Method::GET, "/api/ns1/q/size"), ns("ns1", Access::Read));
         assert_eq!(need(&Method::GET, "/api/n%73/q/peek"), ns("ns", Access::Read));
         assert_eq!(need(&Method::DELETE, "/api/ns1/q/job/x"), ns("ns1", Access::Write));

@@ -136,7 +136,7 @@ pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 
 /// Authentication settings. The default is secure: every API but `/health` needs a token,
 /// and without an admin token nothing can create one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct AuthConfig {
     /// Turn authentication off entirely (the `--dev` flag): for a laptop, never a server.
     pub dev: bool,
@@ -144,6 +144,17 @@ pub struct AuthConfig {
     pub admin_token: Option<String>,
     /// Serve `/metrics` without a credential (for scrapers on a trusted network).
     pub public_metrics: bool,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    /// The admin token only as present or not: a configuration may end up in a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("dev", &self.dev)
+            .field("admin_token", &self.admin_token.as_ref().map(|_| "<redacted>"))
+            .field("public_metrics", &self.public_metrics)
+            .finish()
+    }
 }
 
 impl AuthConfig {

@@ -15,12 +15,18 @@
 //!   serves ([`ForwardHandler::node`]): clients and peers share the port, so the address a
 //!   node advertises in the membership is also where clients find it as leader.
 //!
+//! `Raft` and `Internal` are for the cluster's own nodes: with a cluster credential
+//! ([`ForwardHandler::cluster_secret`], the shared admin token) every call must carry it in
+//! [`CLUSTER_HEADER`], so that a client of the public API on the same port can neither inject
+//! Raft messages nor forward commands past authentication.
+//!
 //! The gRPC deadline a caller sends is enforced by tonic: a handler whose caller gave up is
 //! dropped. Dropping openraft's `append_entries` or `vote` only discards the reply, but a
 //! snapshot chunk runs in its own task so a caller's deadline never stops a snapshot halfway
 //! through being written or installed.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use delayd_core::codec::{decode, encode};
@@ -31,6 +37,7 @@ use delayd_store::Raft;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::{Router, TcpIncoming};
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
@@ -49,6 +56,51 @@ pub trait ForwardHandler: Send + Sync + 'static {
     fn node(&self) -> Option<crate::Node> {
         None
     }
+
+    /// The credential peers must show on `Raft` and `Internal` calls; `None` leaves them
+    /// open (authentication off, or a test transport).
+    fn cluster_secret(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Metadata key of the cluster credential on `Raft` and `Internal` calls.
+pub const CLUSTER_HEADER: &str = "x-delayd-cluster";
+
+/// Refuses `Raft` and `Internal` calls that do not carry the cluster credential.
+#[derive(Clone)]
+pub struct ClusterGuard {
+    secret: Option<Arc<str>>,
+    /// When a refusal was last logged (unix s): a misconfigured peer retries many times a
+    /// second, one warning per interval is enough to find it.
+    last_warning: Arc<AtomicU64>,
+}
+
+impl ClusterGuard {
+    /// A guard requiring `secret` (`None`: open).
+    pub fn new(secret: Option<String>) -> ClusterGuard {
+        ClusterGuard { secret: secret.map(Arc::from), last_warning: Arc::default() }
+    }
+}
+
+impl tonic::service::Interceptor for ClusterGuard {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(secret) = &self.secret else { return Ok(request) };
+        let shown = request.metadata().get(CLUSTER_HEADER).and_then(|v| v.to_str().ok());
+        if shown.is_some_and(|s| crate::auth::same(s, secret)) {
+            return Ok(request);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if now.saturating_sub(self.last_warning.swap(now, Ordering::Relaxed)) >= 10 {
+            tracing::warn!(
+                "refused an internal call without the cluster credential: every node of a \
+                 cluster needs the same admin token"
+            );
+        }
+        Err(Status::unauthenticated("internal services need the cluster credential"))
+    }
 }
 
 /// The node's gRPC services (`Raft`, `Internal` and, when the handler names its node, the
@@ -57,12 +109,15 @@ pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
     let api = forward.node().map(|node| {
         crate::metrics::GrpcMetered::new(crate::api::server(&node), node.metrics().clone())
     });
+    let guard = ClusterGuard::new(forward.cluster_secret());
     let raft = RaftServer::new(RaftService { raft })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let raft = InterceptedService::new(raft, guard.clone());
     let internal = InternalServer::new(InternalService { handler: forward })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let internal = InterceptedService::new(internal, guard);
     Server::builder().add_service(raft).add_service(internal).add_optional_service(api)
 }
 

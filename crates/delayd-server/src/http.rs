@@ -281,9 +281,10 @@ pub fn router(node: Node) -> Router {
     router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(node.clone(), crate::metrics::track_http))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(node.clone(), crate::auth::middleware))
+        // Outside authentication, so refused requests (401/403/429) are counted too.
+        .layer(axum::middleware::from_fn_with_state(node.clone(), crate::metrics::track_http))
         // Outermost: the request id's span covers authentication too.
         .layer(axum::middleware::from_fn(crate::request_id::middleware))
         .with_state(node)

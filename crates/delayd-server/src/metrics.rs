@@ -18,7 +18,8 @@
 //! - **Scrape time**: gauges computed from local state when `/metrics` is read — queue
 //!   sizes and upcoming due times from the local replica (a stale read: a follower may lag
 //!   the leader by a few entries), Raft's view from `raft.metrics()`, and RocksDB's sizes.
-//!   Queues are listed up to [`MAX_QUEUES`], in key order; the rest are left out.
+//!   Queues are listed up to [`MAX_QUEUES`], those that sort first by name; the rest are
+//!   left out.
 //!
 //! Caveat: per-queue counters are never removed, so a node that has seen many short-lived
 //! queues keeps their series until it restarts; past [`MAX_QUEUES`] distinct queues, events

@@ -68,6 +68,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
@@ -95,6 +96,8 @@ type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, Raf
 #[derive(Clone, Default)]
 pub struct GrpcNetwork {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The cluster credential every call carries (see [`crate::grpc::CLUSTER_HEADER`]).
+    secret: Option<MetadataValue<Ascii>>,
 }
 
 /// Why [`GrpcNetwork::forward`] failed.
@@ -115,6 +118,22 @@ impl GrpcNetwork {
     /// Creates a network with an empty channel cache.
     pub fn new() -> GrpcNetwork {
         GrpcNetwork::default()
+    }
+
+    /// A network whose calls carry `secret` as the cluster credential.
+    pub fn with_secret(secret: &str) -> Result<GrpcNetwork, String> {
+        let mut value: MetadataValue<Ascii> = secret
+            .parse()
+            .map_err(|_| "the cluster credential is not visible ASCII".to_string())?;
+        value.set_sensitive(true);
+        Ok(GrpcNetwork { secret: Some(value), ..GrpcNetwork::default() })
+    }
+
+    /// Adds the cluster credential to an outgoing request.
+    fn sign<T>(&self, request: &mut tonic::Request<T>) {
+        if let Some(v) = &self.secret {
+            request.metadata_mut().insert(crate::grpc::CLUSTER_HEADER, v.clone());
+        }
     }
 
     /// The cached channel to `addr`, creating it (unconnected) on first use. Fails only for an
@@ -154,6 +173,7 @@ impl GrpcNetwork {
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let mut request = tonic::Request::new(RaftRequest { payload });
         request.set_timeout(timeout);
+        self.sign(&mut request);
         match tokio::time::timeout(timeout, client.forward(request)).await {
             Ok(Ok(reply)) => Ok(reply.into_inner().payload),
             Ok(Err(status)) if delayd_proto::is_connect_failure(&status) => {
@@ -176,7 +196,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES)
         });
-        GrpcConnection { target, node: node.clone(), client }
+        GrpcConnection { target, node: node.clone(), client, network: self.clone() }
     }
 }
 
@@ -187,6 +207,8 @@ pub struct GrpcConnection {
     node: BasicNode,
     /// The client, or why the peer's address cannot be used.
     client: Result<RaftClient<Channel>, String>,
+    /// Signs each call with the cluster credential.
+    network: GrpcNetwork,
 }
 
 /// The three methods of the `Raft` service.
@@ -216,6 +238,7 @@ impl GrpcConnection {
         let ttl = option.hard_ttl();
         let mut request = tonic::Request::new(RaftRequest { payload });
         request.set_timeout(ttl);
+        self.network.sign(&mut request);
         let call = async move {
             match method {
                 Method::AppendEntries => client.append_entries(request).await,
@@ -351,6 +374,7 @@ mod tests {
             target: 1,
             node: BasicNode::new("127.0.0.1:1"),
             client: Err("unused".into()),
+            network: GrpcNetwork::new(),
         };
         let pauses: Vec<Duration> = conn.backoff().take(30).collect();
         assert_eq!(pauses[0], BACKOFF_FIRST);

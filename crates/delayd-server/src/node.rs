@@ -77,6 +77,17 @@ impl crate::grpc::ForwardHandler for Handler {
         self.0.upgrade().map(|inner| Node { inner })
     }
 
+    /// The shared admin token, unless authentication is off.
+    fn cluster_secret(&self) -> Option<String> {
+        let inner = self.0.upgrade()?;
+        let auth = &inner.config.auth;
+        if auth.dev {
+            None
+        } else {
+            auth.admin_token.clone()
+        }
+    }
+
     async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
         let inner = self.0.upgrade().ok_or_else(|| tonic::Status::unavailable("shutting down"))?;
         let op: ForwardOp = codec::decode(&payload)
@@ -96,6 +107,14 @@ impl Node {
     /// `join` node waits to be added).
     pub async fn start(mut config: Config) -> Result<Node, ServiceError> {
         config.validate().map_err(ServiceError::BadRequest)?;
+        if !config.auth.dev && config.auth.admin_token.is_none() {
+            // Peers authenticate each other with the admin token; without one (and without
+            // dev) nothing could be administered and no peer could join. (The binary always
+            // has one: configured, or generated into the data directory.)
+            return Err(ServiceError::BadRequest(
+                "set an admin token, or dev for no authentication at all".into(),
+            ));
+        }
         let grpc = tokio::net::TcpListener::bind(config.grpc_addr).await.map_err(|e| {
             ServiceError::Unavailable(format!("cannot listen on {}: {e}", config.grpc_addr))
         })?;
@@ -119,7 +138,13 @@ impl Node {
                 .await
                 .map_err(|e| ServiceError::Internal(e.to_string()))??;
         let reader = sm.reader();
-        let network = GrpcNetwork::new();
+        // Peers prove they belong to the cluster with the shared admin token.
+        let network = match (&config.auth.admin_token, config.auth.dev) {
+            (Some(secret), false) => {
+                GrpcNetwork::with_secret(secret).map_err(ServiceError::BadRequest)?
+            }
+            _ => GrpcNetwork::new(),
+        };
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
                 .await

@@ -3,7 +3,7 @@
 //! span around the whole request — every log line the request causes names it — and returned
 //! in the response's `x-request-id`.
 
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -27,11 +27,17 @@ pub async fn middleware(request: Request, next: Next) -> Response {
         Some(id) => id.to_string(),
         None => ulid::Ulid::new().to_string(),
     };
+    // The route's template, not the path: `DELETE /token/{ns}/{token}` carries a secret in
+    // its path, and templates keep log lines greppable. Unmatched paths are logged as sent.
+    let route = match request.extensions().get::<MatchedPath>() {
+        Some(m) => m.as_str().to_string(),
+        None => request.uri().path().to_string(),
+    };
     let span = tracing::info_span!(
         "request",
         request_id = %id,
         method = %request.method(),
-        path = %request.uri().path(),
+        route = %route,
     );
     let started = std::time::Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;

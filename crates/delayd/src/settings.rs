@@ -17,7 +17,7 @@ use delayd_server::Config;
 use serde::{Deserialize, Serialize};
 
 /// Every setting, each optional so that layers can be told apart; see the module docs.
-#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(clap::Args, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// This node's Raft id [default: 1].
@@ -106,6 +106,16 @@ pub struct Settings {
     #[arg(long, env = "DELAYD_DEBUG_CLOCK", num_args = 0..=1, default_missing_value = "true",
           value_parser = BoolishValueParser::new())]
     pub debug_clock: Option<bool>,
+}
+
+impl std::fmt::Debug for Settings {
+    /// As JSON, with the admin token redacted: settings may end up in a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match serde_json::to_string(&self.redacted()) {
+            Ok(s) => f.write_str(&s),
+            Err(_) => f.write_str("Settings(<unprintable>)"),
+        }
+    }
 }
 
 /// `a.or(b)` for every field: `self` wins where it is set.
@@ -404,6 +414,8 @@ mod tests {
         let shown = serde_json::to_string(&s.redacted()).expect("json");
         assert!(!shown.contains("0123456789abcdef") && shown.contains("<redacted>"));
         assert!(shown.contains("\"node_id\":4"));
+        let debug = format!("{s:?} {:?}", s.to_config().map(|c| c.auth).ok());
+        assert!(!debug.contains("0123456789abcdef") && debug.contains("<redacted>"), "{debug}");
     }
 
     #[test]
