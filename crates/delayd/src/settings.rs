@@ -180,7 +180,19 @@ impl Settings {
 
     /// Parses settings from TOML text; unknown keys are errors (a typo must not be ignored).
     pub fn from_toml(text: &str) -> anyhow::Result<Settings> {
-        toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
+        toml::from_str(text).map_err(|e| {
+            // toml quotes the offending line and value; never when that is the admin token.
+            let line_start = e
+                .span()
+                .map_or(0, |s| text[..s.start.min(text.len())].rfind('\n').map_or(0, |i| i + 1));
+            let line = text[line_start..].lines().next().unwrap_or("");
+            if line.trim_start().starts_with("admin_token") {
+                let n = text[..line_start].lines().count() + 1;
+                anyhow::anyhow!("line {n}: admin_token must be a string (value not shown)")
+            } else {
+                anyhow::anyhow!("{}", e.to_string().trim_end())
+            }
+        })
     }
 
     /// The settings as they will be used, for the start-up log: the admin token redacted.
@@ -398,6 +410,9 @@ mod tests {
         assert!(err("election_timeout_min_ms = 2000").contains("must be less than"));
         assert!(err("heartbeat_ms = 800").contains("heartbeat_ms (800)"));
         assert!(err("admin_token = \"short\"").contains("at least 16"));
+        let secret = err("node_id = 1\nadmin_token = 12345678901234567890");
+        assert!(secret.contains("line 2: admin_token must be a string"), "{secret}");
+        assert!(!secret.contains("1234567890"), "the value is not shown: {secret}");
         assert!(err("max_body_bytes = 0").contains("max_body_bytes"));
         assert!(err("request_timeout_ms = 0").contains("request_timeout_ms must be positive"));
         assert!(err("admin_token = \"0123456789abcdef\"\nadmin_token_file = \"t\"")
