@@ -59,6 +59,10 @@ struct Args {
     /// bench's namespaces); the clusters the bench starts run with --dev and need none.
     #[arg(long, env = "DELAYD_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The namespace the workloads use (default: a fresh `bench<unix time>` per run, so runs
+    /// against a target never mix); give it to measure with a namespace token.
+    #[arg(long)]
+    namespace: Option<String>,
     /// The delayd binary (default: target/release/delayd if it exists, else target/debug).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -196,7 +200,7 @@ async fn run(args: Args) -> Result<ExitCode> {
     };
     let bin = args.bin.clone().unwrap_or_else(cluster::default_bin);
     let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let ns = format!("bench{started}");
+    let ns = args.namespace.clone().unwrap_or_else(|| format!("bench{started}"));
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     if args.target.is_empty() && !bin.exists() {
         bail!("{} not found: build it (cargo build -p delayd) or pass --bin", bin.display());
