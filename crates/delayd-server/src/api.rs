@@ -64,6 +64,8 @@ pub const MAX_BATCHES_IN_FLIGHT: usize = 64;
 pub const MAX_BATCH_ITEMS: usize = 1000;
 /// How long one long-poll of a reserve stream waits before it polls again.
 const STREAM_POLL: Duration = Duration::from_secs(30);
+/// How long a reserve stream whose token's write budget is spent waits before trying again.
+const RATE_LIMITED_PAUSE: Duration = Duration::from_millis(100);
 
 /// The one place where service errors become gRPC statuses.
 ///
@@ -304,6 +306,8 @@ async fn stopped(node: Node) {
 
 async fn publish_batch(node: &Node, caller: &Principal, b: pb::PublishBatch) -> pb::BatchResult {
     let result = async {
+        // The stream may outlive its token.
+        node.revalidate(caller).await?;
         let queue = queue(node, caller, &b.namespace, &b.queue, Access::Write)?;
         let p = params(b.options, None)?;
         if b.keys.is_empty() {
@@ -404,7 +408,11 @@ async fn read_stream(
                 let (node, out, caller) = (node.clone(), out.clone(), caller.clone());
                 // Acks run beside the stream so a slow commit never delays credit.
                 tokio::spawn(async move {
-                    let result = match job_ref(&node, &caller, &r) {
+                    let checked = match node.revalidate(&caller).await {
+                        Ok(()) => job_ref(&node, &caller, &r),
+                        Err(e) => Err(e),
+                    };
+                    let result = match checked {
                         Ok((queue, id)) => node.ack(queue, id, r.lease).await,
                         Err(e) => Err(e),
                     };
@@ -436,6 +444,7 @@ async fn read_stream(
 /// Reserves up to the outstanding credit and pushes what it gets, until the stream ends.
 async fn push_deliveries(
     node: Node,
+    caller: Principal,
     queues: Vec<QueueName>,
     ttr_ms: Option<u64>,
     flow: Arc<Flow>,
@@ -453,6 +462,28 @@ async fn push_deliveries(
                 _ = flow.changed.notified() => continue,
                 _ = &mut stop => break,
                 _ = out.closed() => return,
+            }
+        }
+        // Each reserve is one write of the token's budget, and the token must still exist:
+        // a stream outlives the request that opened it. A spent budget waits, it does not end
+        // the stream.
+        let namespace = queues.first().map_or("", |q| q.namespace.as_str());
+        let allowed = match node.revalidate(&caller).await {
+            Ok(()) => node.authorize(&caller, namespace, Access::Write),
+            Err(e) => Err(e),
+        };
+        match allowed {
+            Ok(()) => {}
+            Err(ServiceError::RateLimited(_)) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(RATE_LIMITED_PAUSE) => continue,
+                    _ = &mut stop => break,
+                    _ = out.closed() => return,
+                }
+            }
+            Err(e) => {
+                let _ = out.send(Err(fail(&node, &e))).await;
+                return;
             }
         }
         let count = credit.min(MAX_RESERVE_COUNT.into()) as u32;
@@ -594,7 +625,7 @@ impl Delayd for Api {
         let (done_tx, done_rx) = watch::channel(false);
         tokio::spawn(read_stream(
             node.clone(),
-            caller,
+            caller.clone(),
             inbound,
             flow.clone(),
             out.clone(),
@@ -602,7 +633,7 @@ impl Delayd for Api {
         ));
         let pusher = node.clone();
         tokio::spawn(async move {
-            push_deliveries(pusher, queues, ttr_ms, flow, out).await;
+            push_deliveries(pusher, caller, queues, ttr_ms, flow, out).await;
             let _ = done_tx.send(true);
         });
         let stream =

@@ -289,6 +289,17 @@ impl Node {
         }
     }
 
+    /// Checks that a principal authenticated earlier still holds: its token may have been
+    /// deleted since (a long-lived stream outlives the request that opened it). Reads this
+    /// replica's state, without a round trip.
+    pub async fn revalidate(&self, principal: &Principal) -> Result<(), ServiceError> {
+        let Principal::Namespace { token, record } = principal else { return Ok(()) };
+        match self.read(true, |v| query::token(v, token)).await? {
+            Some(now) if now.namespace == record.namespace => Ok(()),
+            _ => Err(ServiceError::Unauthenticated("the token was deleted".into())),
+        }
+    }
+
     /// Checks that `principal` holds the admin credential.
     pub fn authorize_admin(&self, principal: &Principal) -> Result<(), ServiceError> {
         match principal {

@@ -438,3 +438,54 @@ async fn the_internal_services_need_the_cluster_credential() {
     assert_eq!(raft.vote(request(None)).await.unwrap_err().code(), Code::InvalidArgument);
     t.node.shutdown().await;
 }
+
+/// A stream outlives the request that opened it: once its token is deleted, a reserve stream
+/// ends (after at most the reserve already under way) and a publish stream's later batches
+/// are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_stop_serving_a_deleted_token() {
+    use pb::reserve_stream_request::Msg;
+    let t = TestNode::secured().await;
+    let tok = t.create_token("ns1", "").await;
+    let addr = t.node.config().advertised();
+    let mut client = DelaydClient::connect(format!("http://{addr}")).await.unwrap();
+
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::ReserveStreamRequest>(8);
+    let subscribe =
+        pb::Subscribe { namespace: "ns1".into(), queues: vec!["s".into()], ttr_ms: None };
+    tx.send(pb::ReserveStreamRequest { msg: Some(Msg::Subscribe(subscribe)) }).await.unwrap();
+    tx.send(pb::ReserveStreamRequest { msg: Some(Msg::Credit(pb::Credit { n: 100 })) })
+        .await
+        .unwrap();
+    let outbound =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut req = tonic::Request::new(outbound);
+    req.metadata_mut().insert("x-token", tok.parse().unwrap());
+    let mut inbound = client.reserve_stream(req).await.unwrap().into_inner();
+
+    let (s, _) = t.call(Method::PUT, "/api/ns1/s", Some(&tok)).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let first = inbound.message().await.unwrap().unwrap();
+    assert!(matches!(first.msg, Some(pb::reserve_stream_reply::Msg::Delivery(_))), "{first:?}");
+
+    let (s, _) = t.call(Method::DELETE, &format!("/token/ns1/{tok}"), Some(ADMIN)).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    // Wakes the reserve under way, which may still hand this job over; the next one is
+    // refused, and the stream ends with the reason.
+    let (s, _) = t.call(Method::PUT, "/api/ns1/s", Some(ADMIN)).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(status) => return Some(status.code()),
+            }
+        }
+    })
+    .await
+    .expect("the stream ended");
+    assert_eq!(ended, Some(Code::Unauthenticated));
+    drop(tx);
+    t.node.shutdown().await;
+}
