@@ -256,7 +256,11 @@ impl Node {
         }
         match record {
             Some(record) => Ok(Principal::Namespace { token: token.to_string(), record }),
-            None => Err(ServiceError::Unauthenticated("unknown token".into())),
+            None => {
+                // A deleted token's rate limiter goes too, on every node that sees it again.
+                auth.forget(token);
+                Err(ServiceError::Unauthenticated("unknown token".into()))
+            }
         }
     }
 
