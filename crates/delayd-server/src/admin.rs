@@ -104,12 +104,13 @@ const QUEUES_LIMIT: (usize, usize) = (1000, 10_000);
 /// namespace then queue; `truncated` when `limit` cut the list short.
 async fn queues(State(node): State<Node>, Query(q): Query<HashMap<String, String>>) -> ApiResult {
     let bad = |msg: String| ApiError(ServiceError::BadRequest(msg));
-    let namespace = q.get("namespace").map(String::as_str);
+    let p = crate::http::Params(q);
+    let namespace = p.str("namespace");
     if let Some(ns) = namespace {
         crate::service::check_name("namespace", ns)?;
     }
     let (default, max) = QUEUES_LIMIT;
-    let limit = match q.get("limit") {
+    let limit = match p.str("limit") {
         None => default,
         Some(s) => s
             .trim()
@@ -118,11 +119,7 @@ async fn queues(State(node): State<Node>, Query(q): Query<HashMap<String, String
             .filter(|n| (1..=max).contains(n))
             .ok_or_else(|| bad(format!("invalid limit {s:?}: expected 1 to {max}")))?,
     };
-    let stale = match q.get("stale").map(String::as_str) {
-        None | Some("false") | Some("0") => false,
-        Some("true") | Some("1") | Some("") => true,
-        Some(s) => return Err(bad(format!("invalid stale {s:?}: expected true or false"))),
-    };
+    let stale = p.flag("stale")?;
     // One more than asked for tells whether the list was cut short.
     let mut found = node.queues(namespace, limit + 1, stale).await?;
     let truncated = found.len() > limit;

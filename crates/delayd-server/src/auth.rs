@@ -64,28 +64,46 @@ impl std::fmt::Debug for Principal {
     }
 }
 
-/// Authentication state of one node: its configuration and the rate limiters of the tokens
-/// it has seen.
+impl AuthConfig {
+    /// Whether `/metrics` is served without a credential.
+    pub fn metrics_open(&self) -> bool {
+        self.dev || self.public_metrics
+    }
+
+    /// Whether `credential` is the admin token.
+    fn is_admin(&self, credential: &str) -> bool {
+        self.admin_token.as_deref().is_some_and(|admin| same(admin, credential))
+    }
+
+    /// The credential peers show each other on the internal services (the shared admin
+    /// token); `None` with authentication off.
+    pub fn cluster_secret(&self) -> Option<&str> {
+        if self.dev {
+            None
+        } else {
+            self.admin_token.as_deref()
+        }
+    }
+}
+
+/// A new secret: 128 bits from a cryptographically secure generator, in lowercase hex. Both
+/// namespace tokens and a generated admin token are made here.
+pub fn new_secret() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// Whether `t` has the shape of [`new_secret`]'s output.
+fn looks_like_token(t: &str) -> bool {
+    t.len() == 32 && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The rate limiters of the namespace tokens this node has seen.
+#[derive(Default)]
 pub struct Auth {
-    config: AuthConfig,
     limiters: Mutex<HashMap<String, Limiter>>,
 }
 
 impl Auth {
-    /// Authentication as configured.
-    pub fn new(config: AuthConfig) -> Auth {
-        Auth { config, limiters: Mutex::new(HashMap::new()) }
-    }
-
-    /// Whether `/metrics` is served without a credential.
-    pub fn public_metrics(&self) -> bool {
-        self.config.dev || self.config.public_metrics
-    }
-
-    fn is_admin(&self, credential: &str) -> bool {
-        self.config.admin_token.as_deref().is_some_and(|admin| same(admin, credential))
-    }
-
     /// Takes one request from the token's budget for `access`; false when it is spent.
     fn admit(&self, token: &str, record: &TokenRecord, access: Access) -> bool {
         let limit = match access {
@@ -146,11 +164,6 @@ impl Bucket {
             false
         }
     }
-}
-
-/// Whether `t` has the shape of the tokens [`Node::create_token`] makes: 32 lowercase hex.
-fn looks_like_token(t: &str) -> bool {
-    t.len() == 32 && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The credential a request shows: `Authorization: Bearer`, `X-Token`, or `?token=`.
@@ -232,8 +245,8 @@ impl Node {
     /// state. A token a follower does not know may have just been created on the leader, so
     /// before refusing it the follower catches up with the leader's commit index once.
     pub async fn authenticate(&self, credential: Option<&str>) -> Result<Principal, ServiceError> {
-        let auth = &self.inner.auth;
-        if auth.config.dev {
+        let (auth, config) = (&self.inner.auth, &self.inner.config.auth);
+        if config.dev {
             return Ok(Principal::Dev);
         }
         let Some(token) = credential.filter(|t| !t.is_empty()) else {
@@ -241,7 +254,7 @@ impl Node {
                 "a token is required: send X-Token, ?token= or Authorization: Bearer".into(),
             ));
         };
-        if auth.is_admin(token) {
+        if config.is_admin(token) {
             return Ok(Principal::Admin);
         }
         let mut record = self.read(true, |v| query::token(v, token)).await?;
@@ -345,7 +358,7 @@ pub async fn middleware(State(node): State<Node>, request: Request, next: Next) 
 async fn check(node: &Node, need: Need, cred: Option<String>) -> Result<(), ServiceError> {
     match need {
         Need::Open => Ok(()),
-        Need::Metrics if node.auth().public_metrics() => Ok(()),
+        Need::Metrics if node.config().auth.metrics_open() => Ok(()),
         Need::Admin | Need::Metrics => {
             node.authorize_admin(&node.authenticate(cred.as_deref()).await?)
         }

@@ -134,7 +134,7 @@ impl Config {
 /// password is not.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 
-/// Authentication settings. The default is secure: every API but `/health` needs a token,
+/// Authentication settings (what they decide is in [`crate::auth`]). The default is secure: every API but `/health` needs a token,
 /// and without an admin token nothing can create one.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct AuthConfig {

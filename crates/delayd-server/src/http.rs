@@ -117,10 +117,10 @@ fn bad(msg: impl Into<String>) -> ApiError {
 }
 
 /// Query parameters, parsed on demand with errors that name the parameter.
-struct Params(HashMap<String, String>);
+pub(crate) struct Params(pub HashMap<String, String>);
 
 impl Params {
-    fn str(&self, name: &str) -> Option<&str> {
+    pub(crate) fn str(&self, name: &str) -> Option<&str> {
         self.0.get(name).map(String::as_str)
     }
 
@@ -133,7 +133,7 @@ impl Params {
         }
     }
 
-    fn flag(&self, name: &str) -> Result<bool, ApiError> {
+    pub(crate) fn flag(&self, name: &str) -> Result<bool, ApiError> {
         match self.str(name) {
             None | Some("false") | Some("0") => Ok(false),
             Some("true") | Some("1") | Some("") => Ok(true),

@@ -77,15 +77,8 @@ impl crate::grpc::ForwardHandler for Handler {
         self.0.upgrade().map(|inner| Node { inner })
     }
 
-    /// The shared admin token, unless authentication is off.
     fn cluster_secret(&self) -> Option<String> {
-        let inner = self.0.upgrade()?;
-        let auth = &inner.config.auth;
-        if auth.dev {
-            None
-        } else {
-            auth.admin_token.clone()
-        }
+        self.0.upgrade()?.config.auth.cluster_secret().map(str::to_string)
     }
 
     async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
@@ -139,11 +132,9 @@ impl Node {
                 .map_err(|e| ServiceError::Internal(e.to_string()))??;
         let reader = sm.reader();
         // Peers prove they belong to the cluster with the shared admin token.
-        let network = match (&config.auth.admin_token, config.auth.dev) {
-            (Some(secret), false) => {
-                GrpcNetwork::with_secret(secret).map_err(ServiceError::BadRequest)?
-            }
-            _ => GrpcNetwork::new(),
+        let network = match config.auth.cluster_secret() {
+            Some(secret) => GrpcNetwork::with_secret(secret).map_err(ServiceError::BadRequest)?,
+            None => GrpcNetwork::new(),
         };
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
@@ -173,7 +164,7 @@ impl Node {
         );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
-            auth: crate::auth::Auth::new(config.auth.clone()),
+            auth: crate::auth::Auth::default(),
             config,
             raft: raft.clone(),
             reader: reader.clone(),

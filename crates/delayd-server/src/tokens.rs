@@ -31,8 +31,8 @@ pub fn routes() -> Router<Node> {
 const MAX_LIMIT: u32 = 1_000_000;
 
 impl Node {
-    /// Creates a token for `namespace` and returns it: 128 random bits in hex, drawn here and
-    /// carried in the command, like every other non-deterministic value.
+    /// Creates a token for `namespace` and returns it: drawn here and carried in the command,
+    /// like every other non-deterministic value.
     pub async fn create_token(
         &self,
         namespace: &str,
@@ -44,7 +44,7 @@ impl Node {
         if description.len() > 1024 {
             return Err(ServiceError::BadRequest("description is longer than 1024 bytes".into()));
         }
-        let token = format!("{:032x}", rand::random::<u128>());
+        let token = crate::auth::new_secret();
         let command = Command::CreateToken {
             token: token.clone(),
             namespace: namespace.to_string(),

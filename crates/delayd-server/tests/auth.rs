@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
@@ -35,15 +37,7 @@ enum Via {
 
 impl TestNode {
     async fn start(auth: AuthConfig) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        let node = Node::start(Config {
-            data_dir: dir.path().to_path_buf(),
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
-            auth,
-            ..Config::default()
-        })
-        .await
-        .unwrap();
+        let (node, dir) = common::start_node(Config { auth, ..Config::default() }).await;
         let router = http::router(node.clone());
         TestNode { node, router, _dir: dir }
     }

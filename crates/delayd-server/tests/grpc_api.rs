@@ -3,13 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
 use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_client::DelaydClient;
 use delayd_server::api::{self, LEADER_HEADER, NODE_HEADER, WRITTEN_HEADER};
-use delayd_server::config::AuthConfig;
 use delayd_server::{Config, Node, ServiceError};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
@@ -31,17 +32,7 @@ impl TestNode {
     }
 
     async fn start_with(config: Config) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        // Authentication is off unless the test configures an admin token (auth tests).
-        let auth = AuthConfig { dev: config.auth.admin_token.is_none(), ..config.auth.clone() };
-        let node = Node::start(Config {
-            data_dir: dir.path().to_path_buf(),
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
-            auth,
-            ..config
-        })
-        .await
-        .unwrap();
+        let (node, dir) = common::start_node(config).await;
         // Port 0: the node binds a free port and advertises it.
         let addr = node.config().advertised();
         let client = DelaydClient::connect(format!("http://{addr}")).await.unwrap();

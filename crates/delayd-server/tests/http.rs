@@ -7,13 +7,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use base64::Engine;
-use delayd_server::config::AuthConfig;
 use delayd_server::{http, Config, Node};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -149,17 +150,7 @@ impl TestNode {
     }
 
     async fn start_with(config: Config) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        // Authentication is off unless the test configures an admin token (auth tests).
-        let auth = AuthConfig { dev: config.auth.admin_token.is_none(), ..config.auth.clone() };
-        let node = Node::start(Config {
-            data_dir: dir.path().to_path_buf(),
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
-            auth,
-            ..config
-        })
-        .await
-        .unwrap();
+        let (node, dir) = common::start_node(config).await;
         let client = Client { router: http::router(node.clone()) };
         TestNode { node, client, _dir: dir }
     }

@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -99,12 +101,9 @@ struct TestNode {
 
 impl TestNode {
     async fn start(config: Config) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
         // Secured as in production: every call, the scrape included, shows the admin token.
         let auth = AuthConfig { admin_token: Some(ADMIN.into()), ..AuthConfig::default() };
-        let node = Node::start(Config { data_dir: dir.path().to_path_buf(), auth, ..config })
-            .await
-            .unwrap();
+        let (node, dir) = common::start_node(Config { auth, ..config }).await;
         let router = http::router(node.clone());
         TestNode { node, router, _dir: dir }
     }
@@ -188,7 +187,7 @@ fn within<'a>(q: &'a str, w: &'a str) -> [(&'static str, &'a str); 3] {
 
 #[tokio::test]
 async fn metrics_follow_requests_jobs_raft_and_storage() {
-    let n = TestNode::start(Config { grpc_addr: local(), ..Config::default() }).await;
+    let n = TestNode::start(Config::default()).await;
     let before = n.scrape().await;
     let published = |s: &Scrape, q| s.value("delayd_jobs_published_total", &queue(q));
 

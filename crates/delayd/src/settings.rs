@@ -309,7 +309,7 @@ pub fn load_or_create_admin_token(path: &Path) -> anyhow::Result<(String, bool)>
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
-            let token = format!("{:032x}", rand_u128()?);
+            let token = delayd_server::auth::new_secret();
             match write_private(path, &format!("{token}\n")) {
                 Ok(()) => Ok((token, true)),
                 // Another node sharing the file made it first: use theirs.
@@ -322,16 +322,6 @@ pub fn load_or_create_admin_token(path: &Path) -> anyhow::Result<(String, bool)>
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
-}
-
-/// 128 bits from the OS's random source.
-fn rand_u128() -> anyhow::Result<u128> {
-    use std::io::Read;
-    let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .context("cannot read /dev/urandom")?;
-    Ok(u128::from_le_bytes(b))
 }
 
 /// Writes `text` to a new file at `path` readable by its owner only. The file appears
