@@ -135,8 +135,9 @@ impl Api {
     /// metadata (see [`crate::auth`]).
     async fn caller<T>(&self, request: &Request<T>) -> Result<(Node, Principal), Status> {
         let node = self.node()?;
-        // gRPC metadata is HTTP/2 headers: the same two headers as the HTTP API.
-        let credential = crate::auth::credential(&request.metadata().clone().into_headers(), None);
+        let meta = request.metadata();
+        let credential =
+            crate::auth::credential_in(|name| meta.get(name).and_then(|v| v.to_str().ok()), None);
         match node.authenticate(credential.as_deref()).await {
             Ok(p) => Ok((node, p)),
             Err(e) => Err(fail(&node, &e)),

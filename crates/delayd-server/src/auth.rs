@@ -168,7 +168,16 @@ impl Bucket {
 
 /// The credential a request shows: `Authorization: Bearer`, `X-Token`, or `?token=`.
 pub fn credential(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    credential_in(|name| headers.get(name).and_then(|v| v.to_str().ok()), query)
+}
+
+/// [`credential`] over any header lookup: gRPC metadata is HTTP/2 headers, so the client API
+/// reads the same two headers without copying its metadata into a `HeaderMap`.
+pub fn credential_in<'h>(
+    get: impl Fn(&str) -> Option<&'h str>,
+    query: Option<&str>,
+) -> Option<String> {
+    let header = |name: &str| get(name).map(str::trim);
     if let Some(t) = header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
         return Some(t.trim().to_string());
     }
