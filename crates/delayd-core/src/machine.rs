@@ -795,14 +795,16 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     }
 }
 
+/// Helpers for the crate's unit tests: a job and one applied entry.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
     use crate::kv::MemKv;
 
-    fn new_job(id: u128, delay_ms: u64) -> NewJob {
+    /// A job due `delay_ms` after its entry, one try, a 1 s ttr.
+    pub(crate) fn new_job(id: u128, delay_ms: u64) -> NewJob {
         NewJob {
             id: JobId(id),
             key: None,
@@ -817,7 +819,7 @@ mod tests {
     }
 
     /// Applies one entry to `kv` and returns its effects.
-    fn run(kv: &mut MemKv, now_ms: u64, commands: Vec<Command>) -> Effects {
+    pub(crate) fn run(kv: &mut MemKv, now_ms: u64, commands: Vec<Command>) -> Effects {
         let mut effects = Effects::default();
         let mut overlay = Overlay::new(&*kv);
         apply(&mut overlay, &Entry { now_ms, commands }, &mut effects).unwrap();
@@ -825,6 +827,13 @@ mod tests {
         kv.apply(writes);
         effects
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{new_job, run};
+    use super::*;
+    use crate::kv::MemKv;
 
     #[test]
     fn effects_count_job_events_per_queue_and_merge_across_entries() {

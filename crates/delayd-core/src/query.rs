@@ -203,32 +203,12 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::command::{Command, Due, Entry, NewJob};
-    use crate::kv::{MemKv, Overlay};
-    use crate::machine::{apply, Effects};
-
-    fn run(kv: &mut MemKv, now_ms: u64, commands: Vec<Command>) {
-        let mut overlay = Overlay::new(&*kv);
-        apply(&mut overlay, &Entry { now_ms, commands }, &mut Effects::default()).unwrap();
-        let writes: Vec<_> = overlay.into_writes().collect();
-        kv.apply(writes);
-    }
+    use crate::command::Command;
+    use crate::kv::MemKv;
+    use crate::machine::testing::{new_job, run};
 
     fn publish(ns: &str, q: &str, id: u128, delay_ms: u64) -> Command {
-        Command::Publish {
-            queue: QueueName::new(ns, q),
-            job: NewJob {
-                id: JobId(id),
-                key: None,
-                body: Vec::new(),
-                attributes: Default::default(),
-                due: Due::After(delay_ms),
-                ttl_ms: None,
-                tries: 1,
-                ttr_ms: 60_000,
-                priority: 1,
-            },
-        }
+        Command::Publish { queue: QueueName::new(ns, q), job: new_job(id, delay_ms) }
     }
 
     fn listed(kv: &MemKv, ns: Option<&str>, limit: usize) -> Vec<(String, [u64; 4], bool)> {
