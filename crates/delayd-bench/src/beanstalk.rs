@@ -8,7 +8,7 @@
 //! `-b` nothing is written at all, which is not a fair peer, so both modes keep a binlog.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 
 use crate::cluster::{free_ports, Proc};
 use crate::stats::{join_all, ms_since, Budget, Row, Tally};
-use crate::workloads::{body, Opts};
+use crate::workloads::{body, Drainer, Opts};
 
 /// Priority of every job (beanstalkd's conventional default).
 const PRI: u32 = 1024;
@@ -26,8 +26,6 @@ const PRI: u32 = 1024;
 const TTR_S: u32 = 30;
 /// Puts in flight per connection while preloading.
 const PIPELINE: usize = 64;
-/// Consecutive empty reserves after which a drain consumer gives up.
-const MAX_EMPTY_POLLS: u32 = 5;
 
 /// A beanstalkd durability mode.
 #[derive(Debug, Clone, Copy)]
@@ -267,32 +265,20 @@ pub async fn drain(server: &Server, opts: &Opts) -> Result<Row> {
     for mut c in conns {
         let acked = acked.clone();
         tasks.push(tokio::spawn(async move {
-            let mut t = Tally::default();
-            let mut empty = 0;
-            let mut last_ack = 0.0;
-            while acked.load(Ordering::Relaxed) < total && empty < MAX_EMPTY_POLLS {
+            let mut d = Drainer::new(acked, total, start);
+            while d.more() {
                 let t0 = Instant::now();
                 let r = match c.reserve(1).await {
                     Ok(Some(id)) => c.delete(id).await.map(|()| true),
                     Ok(None) => Ok(false),
                     Err(e) => Err(e),
                 };
-                match r {
-                    Ok(true) => {
-                        empty = 0;
-                        t.samples_ms.push(ms_since(t0));
-                        t.jobs += 1;
-                        acked.fetch_add(1, Ordering::Relaxed);
-                        last_ack = start.elapsed().as_secs_f64();
-                    }
-                    Ok(false) => empty += 1,
-                    Err(e) => {
-                        t.error(e);
-                        break;
-                    }
+                // A failed command leaves the protocol stream unusable: this consumer stops.
+                if !d.record(t0, r) {
+                    break;
                 }
             }
-            (t, last_ack)
+            d.finish()
         }));
     }
     crate::workloads::drain_row(server.mode.label(), tasks, total).await

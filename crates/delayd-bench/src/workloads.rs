@@ -302,10 +302,8 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
     for i in 0..ctx.opts.clients {
         let (http, qurl, acked) = (ctx.http.clone(), ctx.queue_url(i, queue), acked.clone());
         tasks.push(tokio::spawn(async move {
-            let mut t = Tally::default();
-            let mut empty = 0;
-            let mut last_ack = 0.0;
-            while acked.load(Ordering::Relaxed) < total && empty < MAX_EMPTY_POLLS {
+            let mut d = Drainer::new(acked, total, start);
+            while d.more() {
                 let t0 = Instant::now();
                 let done = async {
                     let Some((id, lease, _)) = reserve(&http, &qurl).await? else {
@@ -314,22 +312,63 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
                     ack(&http, &qurl, &id, &lease).await?;
                     Ok::<_, anyhow::Error>(true)
                 };
-                match done.await {
-                    Ok(true) => {
-                        empty = 0;
-                        t.samples_ms.push(ms_since(t0));
-                        t.jobs += 1;
-                        acked.fetch_add(1, Ordering::Relaxed);
-                        last_ack = start.elapsed().as_secs_f64();
-                    }
-                    Ok(false) => empty += 1,
-                    Err(e) => t.error(e),
-                }
+                // An HTTP error ends one request, not the connection pool: go on.
+                d.record(t0, done.await);
             }
-            (t, last_ack)
+            d.finish()
         }));
     }
     drain_row(&ctx.system, tasks, total).await
+}
+
+/// One drain consumer's bookkeeping, the same for every system: how long each reserve + ack
+/// took, when its last ack came, and when to stop — once every job is acked (by any
+/// consumer), or after [`MAX_EMPTY_POLLS`] polls in a row found nothing.
+pub struct Drainer {
+    acked: Arc<AtomicU64>,
+    total: u64,
+    start: Instant,
+    tally: Tally,
+    empty: u32,
+    last_ack: f64,
+}
+
+impl Drainer {
+    /// A consumer of a drain of `total` jobs that began at `start`; `acked` is shared by
+    /// all its consumers.
+    pub fn new(acked: Arc<AtomicU64>, total: u64, start: Instant) -> Drainer {
+        Drainer { acked, total, start, tally: Tally::default(), empty: 0, last_ack: 0.0 }
+    }
+
+    /// Whether to try for another job.
+    pub fn more(&self) -> bool {
+        self.acked.load(Ordering::Relaxed) < self.total && self.empty < MAX_EMPTY_POLLS
+    }
+
+    /// Records one attempt begun at `t0`: `Ok(true)` a job taken and acked, `Ok(false)`
+    /// nothing ready. Returns false for an error.
+    pub fn record(&mut self, t0: Instant, attempt: Result<bool>) -> bool {
+        match attempt {
+            Ok(true) => {
+                self.empty = 0;
+                self.tally.samples_ms.push(ms_since(t0));
+                self.tally.jobs += 1;
+                self.acked.fetch_add(1, Ordering::Relaxed);
+                self.last_ack = self.start.elapsed().as_secs_f64();
+            }
+            Ok(false) => self.empty += 1,
+            Err(e) => {
+                self.tally.error(e);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The tally and the seconds to this consumer's last ack, for [`drain_row`].
+    pub fn finish(self) -> (Tally, f64) {
+        (self.tally, self.last_ack)
+    }
 }
 
 /// The `drain` row of any system from its consumers' `(tally, seconds to their last ack)`:
