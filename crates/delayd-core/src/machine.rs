@@ -40,6 +40,9 @@ pub struct Effects {
     /// For every delayed job that a tick made ready: the replicated clock of the tick minus
     /// the job's due time, in ms. At most a tick's `limit` values per entry.
     pub timer_lateness_ms: Vec<u64>,
+    /// Namespace tokens the batch deleted, so each node can drop what it keeps beside the
+    /// replicated state (their rate limiters).
+    pub deleted_tokens: Vec<String>,
 }
 
 /// How many jobs of one queue went through each transition in an applied batch.
@@ -89,6 +92,7 @@ impl Effects {
             }
         }
         self.timer_lateness_ms.extend(other.timer_lateness_ms);
+        self.deleted_tokens.extend(other.deleted_tokens);
     }
 
     fn timer_added(&mut self, deadline_ms: u64) {
@@ -236,6 +240,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 match rec {
                     Some(rec) if rec.namespace == *namespace => {
                         self.kv.delete(Cf::Meta, key);
+                        self.effects.deleted_tokens.push(token.clone());
                         Ok(Ok(Reply::Removed(true)))
                     }
                     _ => Ok(Ok(Reply::Removed(false))),
@@ -861,5 +866,24 @@ mod tests {
         let b_events = JobEvents { published: 1, ..JobEvents::default() };
         assert_eq!(batch.events, BTreeMap::from([(a, a_events), (b, b_events)]));
         assert_eq!(batch.timer_lateness_ms, [20], "due at 1050, fired by the tick at 1070");
+    }
+
+    #[test]
+    fn effects_name_the_tokens_a_batch_deleted() {
+        let mut kv = MemKv::default();
+        let create = |token: &str| Command::CreateToken {
+            token: token.into(),
+            namespace: "ns".into(),
+            description: String::new(),
+            read_limit: 1,
+            write_limit: 1,
+        };
+        assert!(run(&mut kv, 1, vec![create("t1"), create("t2")]).deleted_tokens.is_empty());
+        let delete = |ns: &str, token: &str| Command::DeleteToken {
+            namespace: ns.into(),
+            token: token.into(),
+        };
+        let effects = run(&mut kv, 2, vec![delete("other", "t1"), delete("ns", "t2")]);
+        assert_eq!(effects.deleted_tokens, ["t2"], "only a delete that took effect");
     }
 }

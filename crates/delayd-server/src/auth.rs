@@ -122,7 +122,7 @@ impl Auth {
         bucket.take(limit, Instant::now())
     }
 
-    /// Forgets a deleted token's limiter.
+    /// Forgets a deleted token's limiter (every node, as it applies the delete).
     pub(crate) fn forget(&self, token: &str) {
         self.limiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(token);
     }
@@ -254,7 +254,7 @@ impl Node {
     /// state. A token a follower does not know may have just been created on the leader, so
     /// before refusing it the follower catches up with the leader's commit index once.
     pub async fn authenticate(&self, credential: Option<&str>) -> Result<Principal, ServiceError> {
-        let (auth, config) = (&self.inner.auth, &self.inner.config.auth);
+        let config = &self.inner.config.auth;
         if config.dev {
             return Ok(Principal::Dev);
         }
@@ -278,11 +278,7 @@ impl Node {
         }
         match record {
             Some(record) => Ok(Principal::Namespace { token: token.to_string(), record }),
-            None => {
-                // A deleted token's rate limiter goes too, on every node that sees it again.
-                auth.forget(token);
-                Err(ServiceError::Unauthenticated("unknown token".into()))
-            }
+            None => Err(ServiceError::Unauthenticated("unknown token".into())),
         }
     }
 
@@ -334,11 +330,6 @@ impl Node {
                 Err(ServiceError::Forbidden("this needs the admin token".into()))
             }
         }
-    }
-
-    /// The authentication state (rate limiters).
-    pub(crate) fn auth(&self) -> &Auth {
-        &self.inner.auth
     }
 }
 

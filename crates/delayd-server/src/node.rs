@@ -42,7 +42,7 @@ pub(crate) struct Inner {
     pub(crate) reader: StateReader,
     pub(crate) proposer: Proposer,
     pub(crate) waiters: Arc<Waiters>,
-    pub(crate) auth: crate::auth::Auth,
+    pub(crate) auth: Arc<crate::auth::Auth>,
     pub(crate) metrics: Arc<Metrics>,
     network: GrpcNetwork,
     shutdown: watch::Sender<bool>,
@@ -142,11 +142,16 @@ impl Node {
                 .map_err(|e| ServiceError::Internal(format!("raft: {e}")))?;
 
         let waiters = Arc::new(Waiters::default());
+        let auth = Arc::new(crate::auth::Auth::default());
         let signal = Arc::new(PumpSignal::default());
         {
             let (waiters, signal, metrics) = (waiters.clone(), signal.clone(), metrics.clone());
+            let auth = auth.clone();
             reader.set_listener(Arc::new(move |effects: &delayd_core::Effects| {
                 waiters.wake(&effects.ready_queues);
+                for token in &effects.deleted_tokens {
+                    auth.forget(token);
+                }
                 metrics.record_applied(effects);
                 if let Some(t) = effects.earliest_timer_ms {
                     signal.timer_added(t);
@@ -164,7 +169,7 @@ impl Node {
         );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {
-            auth: crate::auth::Auth::default(),
+            auth,
             config,
             raft: raft.clone(),
             reader: reader.clone(),

@@ -61,9 +61,7 @@ impl Node {
         check_name("namespace", namespace)?;
         let command =
             Command::DeleteToken { namespace: namespace.to_string(), token: token.to_string() };
-        let removed = matches!(self.write_one(command).await?, Reply::Removed(true));
-        self.auth().forget(token);
-        Ok(removed)
+        Ok(matches!(self.write_one(command).await?, Reply::Removed(true)))
     }
 
     /// The tokens of `namespace`, ordered by token.
