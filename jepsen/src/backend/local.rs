@@ -401,7 +401,7 @@ impl LocalBackend {
     fn destroy_net(&mut self) -> anyhow::Result<()> {
         let Some(net) = self.net.as_mut() else { return Ok(()) };
         let mut first_err: Option<anyhow::Error> = None;
-        let mut note = |r: anyhow::Result<String>| {
+        let mut note = |r: anyhow::Result<()>| {
             if let Err(e) = r {
                 first_err.get_or_insert(e);
             }
@@ -409,7 +409,7 @@ impl LocalBackend {
         if net.forward_rule {
             // Delete every copy, in case start() ran more than once without a teardown.
             while run(&mut cmd("iptables", net.forward_rule_args("-C"))).is_ok() {
-                let r = run(&mut cmd("iptables", net.forward_rule_args("-D")));
+                let r = run(&mut cmd("iptables", net.forward_rule_args("-D"))).map(drop);
                 let failed = r.is_err();
                 note(r);
                 if failed {
@@ -425,16 +425,11 @@ impl LocalBackend {
                 // Deleting the namespace destroys the node end of the veth, and with it the
                 // host end; the explicit delete below covers a namespace-less half-built pair.
                 if existing.lines().any(|l| l.split_whitespace().next() == Some(ns.as_str())) {
-                    note(run(&mut cmd("ip", ["netns", "del", &ns])));
+                    note(run(&mut cmd("ip", ["netns", "del", &ns])).map(drop));
                 }
-                let h = net.host_veth(id);
-                if link_exists(&h) {
-                    note(run(&mut cmd("ip", ["link", "del", &h])));
-                }
+                note(del_link(&net.host_veth(id)));
             }
-            if link_exists(&net.bridge) {
-                note(run(&mut cmd("ip", ["link", "del", &net.bridge])));
-            }
+            note(del_link(&net.bridge));
             net.built = false;
         }
         match first_err {
@@ -478,6 +473,19 @@ fn kill_child(child: &mut Child) -> anyhow::Result<()> {
 
 fn link_exists(name: &str) -> bool {
     run(&mut cmd("ip", ["link", "show", "dev", name])).is_ok()
+}
+
+/// Deletes a link if it exists. Deleting a namespace takes its veth pair with it, but the
+/// kernel does that asynchronously: a link seen a moment ago may be gone by the time it is
+/// deleted, which is what was wanted, so only a link still there after a failure is an error.
+fn del_link(name: &str) -> anyhow::Result<()> {
+    if !link_exists(name) {
+        return Ok(());
+    }
+    match run(&mut cmd("ip", ["link", "del", name])) {
+        Err(_) if !link_exists(name) => Ok(()),
+        r => r.map(drop),
+    }
 }
 
 /// The last lines of a log, for errors about a node that died.
