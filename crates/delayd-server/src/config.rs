@@ -26,6 +26,11 @@ pub struct Config {
     pub join: bool,
     /// Largest job body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// Largest log entry the node proposes, in bytes (every command of a legal request fits
+    /// one; see [`crate::limits`]).
+    pub max_entry_bytes: usize,
+    /// How far into the future a client may set a due time, a ttl or a ttr.
+    pub max_horizon: Duration,
     /// How long a write may wait for the cluster before answering 503.
     pub request_timeout: Duration,
     /// Most commands packed into one log entry.
@@ -64,6 +69,8 @@ impl Default for Config {
             initial_members: BTreeMap::new(),
             join: false,
             max_body_bytes: 1024 * 1024,
+            max_entry_bytes: 8 * 1024 * 1024,
+            max_horizon: Duration::from_secs(10 * 365 * 86_400),
             request_timeout: Duration::from_secs(5),
             max_batch: 512,
             max_in_flight: 1,
