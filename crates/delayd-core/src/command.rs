@@ -152,7 +152,8 @@ pub enum Command {
         /// The job.
         target: Target,
     },
-    /// Move up to `limit` dead jobs back to ready, with one try and a new ttl.
+    /// Move up to `limit` dead jobs back to ready, with one try and a new ttl (at most
+    /// [`crate::limits::MAX_JOBS_PER_COMMAND`] per command).
     Respawn {
         /// The queue.
         queue: QueueName,
@@ -161,7 +162,8 @@ pub enum Command {
         /// New time to live; `None` never expires.
         ttl_ms: Option<u64>,
     },
-    /// Delete up to `limit` dead jobs, oldest first.
+    /// Delete up to `limit` dead jobs, oldest first (at most
+    /// [`crate::limits::MAX_JOBS_PER_COMMAND`] per command).
     Purge {
         /// The queue.
         queue: QueueName,
@@ -175,7 +177,8 @@ pub enum Command {
         /// New flag.
         paused: bool,
     },
-    /// Remove the queue's ready jobs, or with `all` every job of the queue.
+    /// Remove the queue's ready jobs, or with `all` every job of the queue, at most
+    /// [`crate::limits::MAX_JOBS_PER_COMMAND`] of them per command.
     Destroy {
         /// The queue.
         queue: QueueName,
@@ -209,6 +212,51 @@ pub enum Command {
         /// Bound on the work one entry does.
         limit: u32,
     },
+}
+
+impl Command {
+    /// An upper estimate of the command's encoded size in bytes, cheap to compute: the
+    /// variable-length parts (body, key, attributes, names) plus a fixed allowance for the
+    /// rest. The proposer bounds an entry's size with it without encoding anything.
+    pub fn size_bytes(&self) -> usize {
+        const FIXED: usize = 64;
+        let queue = |q: &QueueName| q.namespace.len() + q.queue.len();
+        let job = |j: &NewJob| {
+            j.body.len()
+                + j.key.as_ref().map_or(0, String::len)
+                + j.attributes.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>()
+        };
+        FIXED
+            + match self {
+                Command::Publish { queue: q, job: j }
+                | Command::Republish { queue: q, job: j, .. } => queue(q) + job(j),
+                Command::Reserve { queues, .. } => queues.iter().map(|q| queue(q) + 4).sum(),
+                Command::Update { queue: q, target, body, .. } => {
+                    queue(q) + target_len(target) + body.as_ref().map_or(0, Vec::len)
+                }
+                Command::Cancel { queue: q, target } => queue(q) + target_len(target),
+                Command::Ack { queue: q, .. }
+                | Command::Release { queue: q, .. }
+                | Command::Touch { queue: q, .. }
+                | Command::Bury { queue: q, .. }
+                | Command::Respawn { queue: q, .. }
+                | Command::Purge { queue: q, .. }
+                | Command::SetPaused { queue: q, .. }
+                | Command::Destroy { queue: q, .. } => queue(q),
+                Command::CreateToken { token, namespace, description, .. } => {
+                    token.len() + namespace.len() + description.len()
+                }
+                Command::DeleteToken { namespace, token } => namespace.len() + token.len(),
+                Command::Tick { .. } => 0,
+            }
+    }
+}
+
+fn target_len(t: &Target) -> usize {
+    match t {
+        Target::Id(_) => 16,
+        Target::Key(k) => k.len(),
+    }
 }
 
 /// A business rejection: a value returned to the client, never a storage error.
@@ -256,8 +304,14 @@ pub enum Reply {
     Removed(bool),
     /// The command took effect on the job; its new record.
     Job(Box<Job>),
-    /// Number of jobs affected.
-    Count(u64),
+    /// One chunk of a bulk operation (destroy, respawn, purge): jobs affected, and whether
+    /// the command stopped at its bound ([`crate::limits`]) with more left to do.
+    Count {
+        /// Jobs affected by this command.
+        count: u64,
+        /// More jobs were left for the next command.
+        more: bool,
+    },
     /// A tick fired `fired` deadlines; `more` when it stopped at its limit.
     Ticked {
         /// Deadlines processed.

@@ -13,13 +13,14 @@
 //!
 //! Caveats, on purpose:
 //! - A command that would be rejected leaves no trace; rejections are values ([`Rejection`]).
-//! - `Destroy { all: true }` and large `Respawn`/`Purge` limits do work proportional to what
-//!   they remove, in one entry. The edge bounds `limit`; destroy is rare and operator-driven.
+//! - `Destroy`, `Respawn`, `Purge` and `Tick` do bounded work per command ([`limits`]) and say
+//!   when more is left; a large operation is several entries, so it is not atomic.
 
 pub mod codec;
 pub mod command;
 pub mod keys;
 pub mod kv;
+pub mod limits;
 pub mod machine;
 pub mod model;
 pub mod query;

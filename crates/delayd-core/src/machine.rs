@@ -13,12 +13,14 @@
 //! expires the job goes to the dead letter; an explicit release is the consumer's decision and
 //! always puts the job back (its next delivery reports `remain_tries` 0).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::codec::{decode, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
 use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_SEQ};
 use crate::kv::{Cf, KvError, KvRead, Overlay};
+use crate::limits::{MAX_JOBS_PER_COMMAND, MAX_RESERVE_BYTES, MAX_WORK_BYTES_PER_COMMAND};
 use crate::model::{Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecord};
 
 /// How long a finished job's client key still dedups publishes.
@@ -121,7 +123,7 @@ pub fn apply<R: KvRead + ?Sized>(
 ) -> Result<Vec<Outcome>, KvError> {
     let clock = read_u64(kv, Cf::Meta, META_CLOCK)?.unwrap_or(0).max(entry.now_ms);
     kv.put(Cf::Meta, META_CLOCK.to_vec(), clock.to_be_bytes().to_vec());
-    let mut tx = Tx { kv, now: clock, effects };
+    let mut tx = Tx { kv, now: clock, effects, loaded_bytes: Cell::new(0) };
     entry.commands.iter().map(|c| tx.command(c)).collect()
 }
 
@@ -149,6 +151,9 @@ struct Tx<'t, 'a, R: KvRead + ?Sized> {
     kv: &'t mut Overlay<'a, R>,
     now: u64,
     effects: &'t mut Effects,
+    /// Bytes of job records loaded so far: what bounds the work of one command
+    /// ([`MAX_WORK_BYTES_PER_COMMAND`]), since every record loaded may be rewritten.
+    loaded_bytes: Cell<usize>,
 }
 
 type Result2<T> = Result<Result<T, Rejection>, KvError>;
@@ -200,10 +205,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             Command::Respawn { queue, limit, ttl_ms } => {
                 self.respawn(queue, *limit, *ttl_ms).map(Ok)
             }
-            Command::Purge { queue, limit } => {
-                let ids = self.scan_ids(Cf::Dead, &keys::queue(queue), *limit as usize)?;
-                self.remove_ids(&ids).map(|n| Ok(Reply::Count(n)))
-            }
+            Command::Purge { queue, limit } => self.remove_chunk(Cf::Dead, queue, *limit).map(Ok),
             Command::SetPaused { queue, paused } => {
                 let mut meta = self.meta(queue)?;
                 meta.paused = *paused;
@@ -215,8 +217,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             }
             Command::Destroy { queue, all } => {
                 let cf = if *all { Cf::Members } else { Cf::Ready };
-                let ids = self.scan_ids(cf, &keys::queue(queue), usize::MAX)?;
-                self.remove_ids(&ids).map(|n| Ok(Reply::Count(n)))
+                self.remove_chunk(cf, queue, MAX_JOBS_PER_COMMAND).map(Ok)
             }
             Command::CreateToken { token, namespace, description, read_limit, write_limit } => {
                 let key = keys::token(token);
@@ -261,8 +262,12 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         let due_ms = self.due_ms(new.due);
         let expires_ms = new.ttl_ms.map(|ttl| self.now.saturating_add(ttl));
         if let Some(exp) = expires_ms {
-            if exp < due_ms {
-                return Ok(Err(Rejection::Invalid("ttl ends before the job is due".into())));
+            // A job whose ttl ends the instant it is due would expire instead of being
+            // delivered: refused, like one that ends before.
+            if exp <= due_ms {
+                return Ok(Err(Rejection::Invalid(
+                    "the ttl must end after the job is due (ttl > delay)".into(),
+                )));
             }
         }
         let mut job = Job {
@@ -301,7 +306,8 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         seed: u64,
     ) -> Result<Reply, KvError> {
         let mut out = Vec::new();
-        for queue in queues {
+        let mut bytes = 0usize;
+        'queues: for queue in queues {
             let want = (count as usize).saturating_sub(out.len());
             if want == 0 {
                 break;
@@ -309,8 +315,19 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             if self.meta(queue)?.paused {
                 continue;
             }
-            for id in self.take_ready(queue, want)? {
-                let Some(mut job) = self.load(id)? else { continue };
+            let (ready, next) = self.head_of_ready(queue, want)?;
+            let floor = keys::floor(queue);
+            self.kv.put(Cf::Meta, floor.clone(), next);
+            for (key, id) in &ready {
+                let Some(mut job) = self.load(*id)? else { continue };
+                // The reply must stay deliverable: stop before the job that would cross the
+                // bound (never before the first), and leave it at the head of the line.
+                bytes = bytes.saturating_add(job.payload_bytes());
+                if bytes > MAX_RESERVE_BYTES && !out.is_empty() {
+                    // Everything before it has left the index.
+                    self.kv.put(Cf::Meta, floor, key.clone());
+                    break 'queues;
+                }
                 self.unindex(&job)?;
                 job.attempts = job.attempts.saturating_add(1);
                 let ttr = ttr_ms.unwrap_or(job.ttr_ms);
@@ -361,8 +378,10 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             Err(r) => return Ok(Err(r)),
         };
         let due_ms = self.now.saturating_add(delay_ms);
-        if job.expires_ms.is_some_and(|exp| exp < due_ms) {
-            return Ok(Err(Rejection::Invalid("the delay ends after the job's ttl".into())));
+        if self.expires_by(&job, due_ms) {
+            return Ok(Err(Rejection::Invalid(
+                "the delay does not end before the job's ttl".into(),
+            )));
         }
         self.unindex(&job)?;
         job.lease = None;
@@ -410,8 +429,10 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             return Ok(Err(Rejection::WrongState(state, "delayed or ready".into())));
         }
         let due_ms = due.map_or(job.due_ms, |d| self.due_ms(d));
-        if job.expires_ms.is_some_and(|exp| exp < due_ms) {
-            return Ok(Err(Rejection::Invalid("the new due time is after the job's ttl".into())));
+        if self.expires_by(&job, due_ms) {
+            return Ok(Err(Rejection::Invalid(
+                "the new due time is not before the job's ttl ends".into(),
+            )));
         }
         self.unindex(&job)?;
         let was_ready = job.state == JobState::Ready;
@@ -436,9 +457,15 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         limit: u32,
         ttl_ms: Option<u64>,
     ) -> Result<Reply, KvError> {
-        let ids = self.scan_ids(Cf::Dead, &keys::queue(queue), limit as usize)?;
+        let want = limit.min(MAX_JOBS_PER_COMMAND) as usize;
+        let ids = self.scan_ids(Cf::Dead, &keys::queue(queue), want.saturating_add(1))?;
+        let mut more = ids.len() > want;
         let mut n = 0;
-        for id in ids {
+        for id in ids.into_iter().take(want) {
+            if self.loaded_bytes.get() > MAX_WORK_BYTES_PER_COMMAND {
+                more = true;
+                break;
+            }
             let Some(mut job) = self.load(id)? else { continue };
             self.unindex(&job)?;
             job.attempts = 0;
@@ -450,7 +477,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             self.index(&mut job)?;
             n += 1;
         }
-        Ok(Reply::Count(n))
+        Ok(Reply::Count { count: n, more })
     }
 
     fn tick(&mut self, limit: u32) -> Result<Reply, KvError> {
@@ -469,14 +496,22 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         let new_floor = if more { due[limit as usize].0.clone() } else { end.clone() };
         self.kv.put(Cf::Meta, keys::META_TIMERS_FLOOR.to_vec(), new_floor);
         due.truncate(limit as usize);
-        let fired = due.len() as u64;
+        let mut fired = 0;
+        let mut more = more;
         for (key, payload) in due {
+            if self.loaded_bytes.get() > MAX_WORK_BYTES_PER_COMMAND {
+                // Large jobs: the rest waits for the next tick, which starts here.
+                self.kv.put(Cf::Meta, keys::META_TIMERS_FLOOR.to_vec(), key);
+                more = true;
+                break;
+            }
             // Firing always consumes the entry, so a stray one can never wedge the pump.
             self.kv.delete(Cf::Timers, key.clone());
             let Some((deadline, kind, id)) = keys::parse_timer(&key) else {
                 return Err(KvError("corrupt timer key".into()));
             };
             self.fire(deadline, kind, id, &payload)?;
+            fired += 1;
         }
         Ok(Reply::Ticked { fired, more })
     }
@@ -569,15 +604,24 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         Ok(())
     }
 
-    fn remove_ids(&mut self, ids: &[JobId]) -> Result<u64, KvError> {
-        let mut n = 0;
-        for id in ids {
-            if let Some(job) = self.load(*id)? {
+    /// Removes up to `limit` (at most [`MAX_JOBS_PER_COMMAND`]) jobs of `queue` listed in
+    /// the index `cf`, oldest first, stopping early past [`MAX_WORK_BYTES_PER_COMMAND`].
+    fn remove_chunk(&mut self, cf: Cf, queue: &QueueName, limit: u32) -> Result<Reply, KvError> {
+        let want = limit.min(MAX_JOBS_PER_COMMAND) as usize;
+        let ids = self.scan_ids(cf, &keys::queue(queue), want.saturating_add(1))?;
+        let mut more = ids.len() > want;
+        let mut count = 0;
+        for id in ids.into_iter().take(want) {
+            if self.loaded_bytes.get() > MAX_WORK_BYTES_PER_COMMAND {
+                more = true;
+                break;
+            }
+            if let Some(job) = self.load(id)? {
                 self.remove(job, true)?;
-                n += 1;
+                count += 1;
             }
         }
-        Ok(n)
+        Ok(Reply::Count { count, more })
     }
 
     /// Adds the ttl timer (`on`) or removes it.
@@ -660,6 +704,12 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
 
     // ---- helpers ----
 
+    /// Whether `job`, made due at `due_ms` in the future, would expire by then (and so never
+    /// be delivered). A due time of now or earlier is always deliverable.
+    fn expires_by(&self, job: &Job, due_ms: u64) -> bool {
+        due_ms > self.now && job.expires_ms.is_some_and(|exp| exp <= due_ms)
+    }
+
     fn due_ms(&self, due: Due) -> u64 {
         match due {
             Due::After(delay) => self.now.saturating_add(delay),
@@ -674,7 +724,9 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     }
 
     fn load(&self, id: JobId) -> Result<Option<Job>, KvError> {
-        self.kv.get(Cf::Jobs, &id.to_bytes())?.map(|v| decode(&v)).transpose()
+        let Some(v) = self.kv.get(Cf::Jobs, &id.to_bytes())? else { return Ok(None) };
+        self.loaded_bytes.set(self.loaded_bytes.get().saturating_add(v.len()));
+        decode(&v).map(Some)
     }
 
     /// The job, if it exists and belongs to `queue`: ids are only meaningful within their
@@ -746,25 +798,30 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         Ok(())
     }
 
-    /// The ids of the first `want` ready jobs of `queue`, scanning from the queue's floor and
-    /// moving the floor to the first entry left behind (they are about to leave the index).
-    fn take_ready(&mut self, queue: &QueueName, want: usize) -> Result<Vec<JobId>, KvError> {
+    /// The first `want` ready jobs of `queue` (index key and id), scanning from the queue's
+    /// floor, and the key the floor moves to once they have all left the index.
+    #[allow(clippy::type_complexity)]
+    fn head_of_ready(
+        &self,
+        queue: &QueueName,
+        want: usize,
+    ) -> Result<(Vec<(Vec<u8>, JobId)>, Vec<u8>), KvError> {
         let prefix = keys::queue(queue);
         let end = keys::prefix_end(&prefix);
-        let floor_key = keys::floor(queue);
-        let from = self.kv.get(Cf::Meta, &floor_key)?.unwrap_or_else(|| prefix.clone());
-        let mut ids = Vec::new();
+        let from = self.kv.get(Cf::Meta, &keys::floor(queue))?.unwrap_or_else(|| prefix.clone());
+        let mut head = Vec::new();
         let mut next = None;
         self.kv.scan(Cf::Ready, &from, &end, &mut |k, _| {
-            if ids.len() == want {
+            if head.len() == want {
                 next = Some(k.to_vec());
                 return false;
             }
-            ids.extend(keys::trailing_id(k));
+            if let Some(id) = keys::trailing_id(k) {
+                head.push((k.to_vec(), id));
+            }
             true
         })?;
-        self.kv.put(Cf::Meta, floor_key, next.unwrap_or(end));
-        Ok(ids)
+        Ok((head, next.unwrap_or(end)))
     }
 
     fn meta(&self, queue: &QueueName) -> Result<QueueMeta, KvError> {
@@ -885,5 +942,184 @@ mod tests {
         };
         let effects = run(&mut kv, 2, vec![delete("other", "t1"), delete("ns", "t2")]);
         assert_eq!(effects.deleted_tokens, ["t2"], "only a delete that took effect");
+    }
+}
+
+/// The per-command bounds of [`crate::limits`]: large operations proceed in chunks, each
+/// reporting whether more is left, and nothing is skipped or done twice across chunks.
+#[cfg(test)]
+mod bounded_work {
+    #![allow(clippy::unwrap_used)]
+
+    use super::testing::{new_job, run};
+    use super::*;
+    use crate::kv::MemKv;
+    use crate::query;
+
+    fn queue() -> QueueName {
+        QueueName::new("ns", "q")
+    }
+
+    fn publish(kv: &mut MemKv, now: u64, ids: std::ops::Range<u128>, body: usize, delay: u64) {
+        let commands = ids
+            .map(|id| {
+                let mut job = new_job(id, delay);
+                job.body = vec![b'x'; body];
+                Command::Publish { queue: queue(), job }
+            })
+            .collect();
+        run(kv, now, commands);
+    }
+
+    /// Applies one command and returns its outcome.
+    fn one(kv: &mut MemKv, now: u64, command: Command) -> Outcome {
+        let mut effects = Effects::default();
+        let mut overlay = Overlay::new(&*kv);
+        let out =
+            apply(&mut overlay, &Entry { now_ms: now, commands: vec![command] }, &mut effects)
+                .unwrap()
+                .pop()
+                .unwrap();
+        let writes: Vec<_> = overlay.into_writes().collect();
+        kv.apply(writes);
+        out
+    }
+
+    fn counts(kv: &MemKv) -> [u64; 4] {
+        query::queue_meta(kv, &queue()).unwrap().counts
+    }
+
+    #[test]
+    fn destroy_proceeds_in_chunks_of_the_job_bound() {
+        let mut kv = MemKv::default();
+        let n = 2 * MAX_JOBS_PER_COMMAND as u128 + 500;
+        publish(&mut kv, 1, 1..n + 1, 0, 0);
+        let destroy = || Command::Destroy { queue: queue(), all: true };
+        let chunk = u64::from(MAX_JOBS_PER_COMMAND);
+        assert_eq!(one(&mut kv, 2, destroy()), Ok(Reply::Count { count: chunk, more: true }));
+        assert_eq!(one(&mut kv, 3, destroy()), Ok(Reply::Count { count: chunk, more: true }));
+        assert_eq!(one(&mut kv, 4, destroy()), Ok(Reply::Count { count: 500, more: false }));
+        assert_eq!(counts(&kv), [0; 4]);
+        assert_eq!(one(&mut kv, 5, destroy()), Ok(Reply::Count { count: 0, more: false }));
+    }
+
+    #[test]
+    fn purge_and_respawn_stop_at_the_byte_bound_and_resume() {
+        let mut kv = MemKv::default();
+        // 10 dead jobs of 3 MiB: the byte bound lets a command touch three of them.
+        let body = 3 << 20;
+        publish(&mut kv, 1, 1..11, body, 0);
+        run(
+            &mut kv,
+            2,
+            vec![Command::Reserve {
+                queues: vec![queue()],
+                count: 100,
+                ttr_ms: None,
+                lease_seed: 1,
+            }],
+        );
+        // The reserve itself stopped at its byte bound; take the rest.
+        while counts(&kv)[JobState::Ready.index()] > 0 {
+            run(
+                &mut kv,
+                2,
+                vec![Command::Reserve {
+                    queues: vec![queue()],
+                    count: 100,
+                    ttr_ms: None,
+                    lease_seed: 1,
+                }],
+            );
+        }
+        for id in 1..11 {
+            run(&mut kv, 3, vec![Command::Bury { queue: queue(), id: JobId(id), lease: None }]);
+        }
+        assert_eq!(counts(&kv)[JobState::Dead.index()], 10);
+        let respawn = || Command::Respawn { queue: queue(), limit: 100, ttl_ms: None };
+        let per = (MAX_WORK_BYTES_PER_COMMAND / body + 1) as u64;
+        assert_eq!(one(&mut kv, 4, respawn()), Ok(Reply::Count { count: per, more: true }));
+        assert_eq!(counts(&kv)[JobState::Ready.index()], per);
+        let purge = || Command::Purge { queue: queue(), limit: 100 };
+        let mut purged = 0;
+        loop {
+            match one(&mut kv, 5, purge()) {
+                Ok(Reply::Count { count, more }) => {
+                    assert!(count <= per, "{count} jobs of {body} bytes in one command");
+                    purged += count;
+                    if !more {
+                        break;
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(purged, 10 - per);
+        assert_eq!(counts(&kv), [0, per, 0, 0]);
+    }
+
+    #[test]
+    fn a_reserve_stops_at_its_byte_bound_and_the_rest_stays_in_line() {
+        let mut kv = MemKv::default();
+        let body = 3 << 20;
+        publish(&mut kv, 1, 1..6, body, 0);
+        let reserve = |seed| Command::Reserve {
+            queues: vec![queue()],
+            count: 100,
+            ttr_ms: None,
+            lease_seed: seed,
+        };
+        let mut order = Vec::new();
+        for seed in 0..3 {
+            match one(&mut kv, 2, reserve(seed)) {
+                Ok(Reply::Reserved(got)) => {
+                    let bytes: usize = got.iter().map(|d| d.job.payload_bytes()).sum();
+                    assert!(bytes <= MAX_RESERVE_BYTES, "{bytes} bytes in one reply");
+                    assert!(!got.is_empty());
+                    order.extend(got.iter().map(|d| d.job.id.0));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(order, [1, 2, 3, 4, 5], "every job once, in order");
+        // One job larger than the bound alone is still delivered.
+        let mut kv = MemKv::default();
+        publish(&mut kv, 1, 1..2, MAX_RESERVE_BYTES + 1, 0);
+        assert!(matches!(one(&mut kv, 2, reserve(1)), Ok(Reply::Reserved(got)) if got.len() == 1));
+    }
+
+    #[test]
+    fn a_tick_stops_at_the_byte_bound_and_the_next_resumes() {
+        let mut kv = MemKv::default();
+        let body = 3 << 20;
+        publish(&mut kv, 1, 1..11, body, 10);
+        let mut fired_total = 0;
+        let mut ticks = 0;
+        loop {
+            ticks += 1;
+            match one(&mut kv, 20, Command::Tick { limit: 1024 }) {
+                Ok(Reply::Ticked { fired, more }) => {
+                    fired_total += fired;
+                    if !more {
+                        break;
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(fired_total, 10);
+        assert!(ticks >= 3, "10 jobs of 3 MiB in {ticks} ticks");
+        assert_eq!(counts(&kv), [0, 10, 0, 0]);
+    }
+
+    #[test]
+    fn a_ttl_that_ends_when_the_job_is_due_is_refused() {
+        let mut kv = MemKv::default();
+        let mut job = new_job(1, 1000);
+        job.ttl_ms = Some(1000);
+        let refused = one(&mut kv, 1, Command::Publish { queue: queue(), job: job.clone() });
+        assert!(matches!(refused, Err(Rejection::Invalid(_))), "{refused:?}");
+        job.ttl_ms = Some(1001);
+        assert!(one(&mut kv, 1, Command::Publish { queue: queue(), job }).is_ok());
     }
 }

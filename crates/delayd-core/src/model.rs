@@ -145,6 +145,12 @@ impl Job {
     pub fn remain_tries(&self) -> u16 {
         self.tries.saturating_sub(self.attempts)
     }
+
+    /// Bytes a delivery of the job carries to the client: body, attributes and key.
+    pub fn payload_bytes(&self) -> usize {
+        let attributes: usize = self.attributes.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.body.len() + attributes + self.key.as_ref().map_or(0, String::len)
+    }
 }
 
 /// Per-queue metadata.

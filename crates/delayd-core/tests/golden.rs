@@ -99,7 +99,8 @@ impl Machine {
             Ok(Reply::Removed(true)) => "removed".into(),
             Ok(Reply::Removed(false)) => "not found".into(),
             Ok(Reply::Job(j)) => show_job(j),
-            Ok(Reply::Count(n)) => format!("count={n}"),
+            Ok(Reply::Count { count, more: false }) => format!("count={count}"),
+            Ok(Reply::Count { count, more: true }) => format!("count={count} more=true"),
             Ok(Reply::Ticked { fired, more }) => format!("fired={fired} more={more}"),
             Ok(Reply::Done) => "ok".into(),
         }

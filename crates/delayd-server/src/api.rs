@@ -502,11 +502,17 @@ async fn push_deliveries(
                 let n = got.len() as u64;
                 flow.update(|s| s.credit = s.credit.saturating_sub(n));
                 let now = node.clock().now_ms();
-                for d in got {
+                let mut got = got.into_iter();
+                while let Some(d) = got.next() {
                     let reply = pb::ReserveStreamReply {
-                        msg: Some(pb::reserve_stream_reply::Msg::Delivery(delivery_pb(d, now))),
+                        msg: Some(pb::reserve_stream_reply::Msg::Delivery(delivery_pb(
+                            d.clone(),
+                            now,
+                        ))),
                     };
                     if out.send(Ok(reply)).await.is_err() {
+                        // The stream is gone: what it never received goes back at once.
+                        node.return_deliveries(std::iter::once(d).chain(got).collect()).await;
                         return;
                     }
                 }

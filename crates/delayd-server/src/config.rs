@@ -26,8 +26,10 @@ pub struct Config {
     pub join: bool,
     /// Largest job body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// Largest log entry the node proposes, in bytes (every command of a legal request fits
-    /// one; see [`crate::limits`]).
+    /// Largest log entry the node proposes, in bytes: the proposer never packs more into
+    /// one, and a request whose commands cannot fit in one (a bulk publish) is refused with
+    /// 413. Well inside the transport's message limit, so no legal request can break
+    /// replication.
     pub max_entry_bytes: usize,
     /// How far into the future a client may set a due time, a ttl or a ttr.
     pub max_horizon: Duration,
@@ -130,12 +132,43 @@ impl Config {
                 self.heartbeat_ms
             ));
         }
+        if self.max_entry_bytes < MIN_ENTRY_BYTES || self.max_entry_bytes > MAX_ENTRY_BYTES {
+            return Err(format!(
+                "max_entry_bytes ({}) must be {MIN_ENTRY_BYTES} to {MAX_ENTRY_BYTES} (a quarter \
+                 of the transport's message limit)",
+                self.max_entry_bytes
+            ));
+        }
+        if self.max_body_bytes.saturating_add(JOB_OVERHEAD_BYTES) > self.max_entry_bytes {
+            return Err(format!(
+                "max_body_bytes ({}) must leave {JOB_OVERHEAD_BYTES} bytes for a job's \
+                 attributes and key inside max_entry_bytes ({}): every legal publish must fit \
+                 one log entry",
+                self.max_body_bytes, self.max_entry_bytes
+            ));
+        }
+        if self.max_horizon.is_zero() || self.max_horizon > crate::service::MAX_HORIZON_LIMIT {
+            return Err(format!(
+                "max_horizon_s ({}) must be 1 to {} (lmstfy's 32-bit seconds)",
+                self.max_horizon.as_secs(),
+                crate::service::MAX_HORIZON_LIMIT.as_secs()
+            ));
+        }
         if self.max_batch == 0 || self.tick_limit == 0 || self.max_in_flight == 0 {
             return Err("max batch, max in flight and tick limit must be positive".into());
         }
         Ok(())
     }
 }
+
+/// Smallest `max_entry_bytes`.
+pub const MIN_ENTRY_BYTES: usize = 64 * 1024;
+/// Largest `max_entry_bytes`: a quarter of the transport's message limit, so a replication
+/// message always has room for an entry and openraft's batching of several.
+pub const MAX_ENTRY_BYTES: usize = crate::network::MAX_MESSAGE_BYTES / 4;
+/// Room a job needs in an entry beside its body: the largest attributes and key allowed, and
+/// the command's own fields.
+pub const JOB_OVERHEAD_BYTES: usize = 32 * 1024;
 
 /// Shortest admin token accepted: guessing 16 random characters is out of reach, a short
 /// password is not.

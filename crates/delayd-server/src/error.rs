@@ -8,9 +8,9 @@ pub enum ServiceError {
     /// The request is malformed or violates a limit; the message names the problem.
     #[error("{0}")]
     BadRequest(String),
-    /// The body is over the configured limit.
-    #[error("body is larger than the limit of {0} bytes")]
-    TooLarge(usize),
+    /// The request is over a size limit (body, bulk, entry); the message names which.
+    #[error("{0}")]
+    TooLarge(String),
     /// The thing addressed does not exist.
     #[error("{0}")]
     NotFound(String),

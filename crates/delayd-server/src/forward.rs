@@ -91,7 +91,7 @@ impl From<&ServiceError> for WireError {
     fn from(e: &ServiceError) -> Self {
         let (kind, message, leader) = match e {
             ServiceError::BadRequest(m) => (0, m.clone(), None),
-            ServiceError::TooLarge(n) => (1, n.to_string(), None),
+            ServiceError::TooLarge(m) => (1, m.clone(), None),
             ServiceError::NotFound(m) => (2, m.clone(), None),
             ServiceError::Conflict(m) => (3, m.clone(), None),
             ServiceError::Unavailable(m) => (4, m.clone(), None),
@@ -109,7 +109,7 @@ impl From<WireError> for ServiceError {
     fn from(w: WireError) -> Self {
         match w.kind {
             0 => ServiceError::BadRequest(w.message),
-            1 => ServiceError::TooLarge(w.message.parse().unwrap_or(0)),
+            1 => ServiceError::TooLarge(w.message),
             2 => ServiceError::NotFound(w.message),
             3 => ServiceError::Conflict(w.message),
             4 => ServiceError::Unavailable(w.message),

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use crate::error::ServiceError;
 use crate::node::Node;
-use crate::service::{job_id, queue_name, PublishParams, MAX_BULK};
+use crate::service::{job_id, queue_name, PublishParams};
 
 /// The one place where service errors become HTTP statuses.
 pub fn error(e: &ServiceError) -> StatusCode {
@@ -133,6 +133,11 @@ impl Params {
         }
     }
 
+    /// A time in lmstfy's unit, whole seconds of 32 bits (lmstfy's width), as ms.
+    fn secs(&self, name: &str) -> Result<Option<u64>, ApiError> {
+        Ok(self.num::<u32>(name)?.map(|s| u64::from(s) * 1000))
+    }
+
     pub(crate) fn flag(&self, name: &str) -> Result<bool, ApiError> {
         match self.str(name) {
             None | Some("false") | Some("0") => Ok(false),
@@ -156,8 +161,8 @@ impl Params {
         if given > 1 {
             return Err(bad("give only one of delay, delay_ms and at"));
         }
-        if let Some(s) = self.num::<u64>("delay")? {
-            return Ok(Some(Due::After(s.saturating_mul(1000))));
+        if let Some(ms) = self.secs("delay")? {
+            return Ok(Some(Due::After(ms)));
         }
         if let Some(ms) = self.num::<u64>("delay_ms")? {
             return Ok(Some(Due::After(ms)));
@@ -170,17 +175,17 @@ impl Params {
         if let Some(due) = self.due()? {
             p.due = due;
         }
-        if let Some(ttl) = self.num::<u64>("ttl")? {
-            p.ttl_ms = (ttl > 0).then(|| ttl.saturating_mul(1000));
+        if let Some(ttl_ms) = self.secs("ttl")? {
+            p.ttl_ms = (ttl_ms > 0).then_some(ttl_ms);
         }
         if let Some(tries) = self.num::<u16>("tries")? {
             p.tries = tries;
         }
-        if let Some(ttr) = self.num::<u64>("ttr")? {
-            if ttr == 0 {
+        if let Some(ttr_ms) = self.secs("ttr")? {
+            if ttr_ms == 0 {
                 return Err(bad("ttr must be at least 1 second"));
             }
-            p.ttr_ms = ttr.saturating_mul(1000);
+            p.ttr_ms = ttr_ms;
         }
         if let Some(priority) = self.num::<u32>("priority")? {
             p.priority = priority;
@@ -209,7 +214,9 @@ fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Vec<u8>, Ap
     match body {
         Ok(b) => Ok(b.to_vec()),
         Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            Err(ApiError(ServiceError::TooLarge(limit)))
+            Err(ApiError(ServiceError::TooLarge(format!(
+                "the request body is larger than the limit of {limit} bytes"
+            ))))
         }
         Err(r) => Err(bad(format!("cannot read body: {}", r.body_text()))),
     }
@@ -254,7 +261,8 @@ fn no_content() -> Response {
 /// Builds the router over a node.
 pub fn router(node: Node) -> Router {
     let limit = node.config().max_body_bytes;
-    let bulk_limit = limit.saturating_mul(MAX_BULK).saturating_add(64 * 1024);
+    // A bulk's bodies must fit one log entry together; its JSON framing is small beside them.
+    let bulk_limit = node.config().max_entry_bytes.saturating_add(64 * 1024);
     let debug = node.config().debug_clock;
     let router = Router::new()
         .route("/health", get(health))
@@ -365,8 +373,7 @@ async fn bulk(
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     let p = Params(params).publish(&headers)?;
-    let limit = node.config().max_body_bytes.saturating_mul(MAX_BULK);
-    let data = body(raw, limit)?;
+    let data = body(raw, node.config().max_entry_bytes.saturating_add(64 * 1024))?;
     // As lmstfy does, each element's JSON text is one job's body.
     let jobs: Vec<Box<serde_json::value::RawValue>> = serde_json::from_slice(&data)
         .map_err(|e| bad(format!("bulk body must be a JSON array of jobs: {e}")))?;
@@ -399,11 +406,10 @@ async fn reserve(
         .map(|q| queue_name(&ns, q))
         .collect::<Result<Vec<QueueName>, ServiceError>>()?;
     let p = Params(params);
-    let ttr_ms = match (p.num::<u64>("ttr")?, p.num::<u64>("ttr_ms")?) {
+    let ttr_ms = match (p.secs("ttr")?, p.num::<u64>("ttr_ms")?) {
         (Some(_), Some(_)) => return Err(bad("give only one of ttr and ttr_ms")),
         (Some(0), None) | (None, Some(0)) => return Err(bad("ttr must be positive")),
-        (Some(s), None) => Some(s.saturating_mul(1000)),
-        (None, Some(ms)) => Some(ms),
+        (Some(ms), None) | (None, Some(ms)) => Some(ms),
         // Each job's own ttr, which defaults to lmstfy's 120 s.
         (None, None) => None,
     };
@@ -447,10 +453,10 @@ async fn release(
 
 async fn touch(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params): Q) -> ApiResult {
     let p = Params(params);
-    let ttr_ms = match (p.num::<u64>("ttr")?, p.num::<u64>("ttr_ms")?) {
+    let ttr_ms = match (p.secs("ttr")?, p.num::<u64>("ttr_ms")?) {
         (Some(_), Some(_)) => return Err(bad("give only one of ttr and ttr_ms")),
         (Some(0), None) | (None, Some(0)) => return Err(bad("ttr must be positive")),
-        (s, ms) => s.map(|s| s.saturating_mul(1000)).or(ms),
+        (s, ms) => s.or(ms),
     };
     let job = node.touch(queue, id, p.lease()?, ttr_ms).await?;
     Ok(Json(job_json(&job, node.clock().now_ms())).into_response())
@@ -622,10 +628,10 @@ async fn respawn(
 ) -> ApiResult {
     let p = Params(params);
     let n = limit(&p, 10_000)?;
-    let ttl_ms = match p.num::<u64>("ttl")? {
+    let ttl_ms = match p.secs("ttl")? {
         None => Some(86_400_000),
         Some(0) => None,
-        Some(s) => Some(s.saturating_mul(1000)),
+        Some(ms) => Some(ms),
     };
     let count = node.respawn(queue, n, ttl_ms).await?;
     Ok(Json(json!({"msg": "respawned", "count": count})).into_response())

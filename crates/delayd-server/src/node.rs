@@ -25,7 +25,7 @@ use crate::error::ServiceError;
 use crate::forward::{ForwardOp, ForwardReply, NodeStatus, WireError};
 use crate::metrics::Metrics;
 use crate::network::{ForwardError, GrpcNetwork};
-use crate::propose::Proposer;
+use crate::propose::{Proposer, ProposerConfig};
 use crate::pump::{self, PumpSignal};
 use crate::waiters::Waiters;
 
@@ -163,9 +163,13 @@ impl Node {
         let proposer = Proposer::spawn(
             raft.clone(),
             clock.clone(),
-            config.max_batch,
-            config.max_in_flight,
-            config.batch_linger,
+            ProposerConfig {
+                max_batch: config.max_batch,
+                max_entry_bytes: config.max_entry_bytes,
+                max_in_flight: config.max_in_flight,
+                linger: config.batch_linger,
+                timeout: config.request_timeout,
+            },
         );
         let (shutdown, shutdown_rx) = watch::channel(false);
         let inner = Arc::new(Inner {

@@ -12,6 +12,13 @@
 //! flight together come from different clients (each waits for its own answer), so the
 //! order in which their entries reach the log is theirs to race for; replicated time never
 //! runs backwards whatever the stamps' order.
+//!
+//! Bounds: an entry holds at most `max_batch` commands and `max_entry_bytes` bytes (by
+//! [`Command::size_bytes`]); a request larger than that alone is refused with 413 before it
+//! queues, so every entry fits the transport. Every proposal has a deadline: openraft 0.9 can
+//! leave a `client_write` unanswered (a deposed leader that catches up by snapshot), so an
+//! entry that is not answered within `timeout` frees its in-flight slot and its requests get
+//! 503 "outcome unknown" instead of stalling every later write and the timer pump.
 
 use delayd_core::{Command, Entry, Outcome};
 use delayd_store::Raft;
@@ -26,40 +33,76 @@ use crate::error::ServiceError;
 
 struct Pending {
     commands: Vec<Command>,
+    bytes: usize,
     reply: oneshot::Sender<Result<Vec<Outcome>, ServiceError>>,
+}
+
+/// How the proposer packs and times entries.
+#[derive(Clone, Copy, Debug)]
+pub struct ProposerConfig {
+    /// Most commands in one entry.
+    pub max_batch: usize,
+    /// Most bytes in one entry.
+    pub max_entry_bytes: usize,
+    /// Most entries in flight at once.
+    pub max_in_flight: usize,
+    /// Longest wait for a batch to fill under load.
+    pub linger: Duration,
+    /// Longest wait for an entry to be committed and applied.
+    pub timeout: Duration,
 }
 
 /// Handle to the proposer task.
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    max_entry_bytes: usize,
+    timeout: Duration,
 }
 
 impl Proposer {
-    /// Starts the proposer over `raft`, packing at most `max_batch` commands per entry,
-    /// keeping at most `max_in_flight` entries in flight, waiting at most `linger` for a
-    /// batch to fill under load, and stamping each entry with `clock`.
-    pub fn spawn(
-        raft: Raft,
-        clock: Clock,
-        max_batch: usize,
-        max_in_flight: usize,
-        linger: Duration,
-    ) -> Self {
-        let (tx, rx) = mpsc::channel(max_batch.max(1) * 4);
-        tokio::spawn(run(raft, clock, rx, max_batch.max(1), max_in_flight.max(1), linger));
-        Proposer { tx }
+    /// Starts the proposer over `raft`, stamping each entry with `clock`.
+    pub fn spawn(raft: Raft, clock: Clock, config: ProposerConfig) -> Self {
+        let config = ProposerConfig {
+            max_batch: config.max_batch.max(1),
+            max_in_flight: config.max_in_flight.max(1),
+            ..config
+        };
+        let (tx, rx) = mpsc::channel(config.max_batch * 4);
+        tokio::spawn(run(raft, clock, rx, config));
+        Proposer { tx, max_entry_bytes: config.max_entry_bytes, timeout: config.timeout }
     }
 
     /// Proposes `commands` atomically (they land in the same entry) and returns their
-    /// outcomes once the entry is committed and applied.
+    /// outcomes once the entry is committed and applied, or 503 once the deadline passed.
     pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ServiceError> {
+        let bytes: usize = commands.iter().map(Command::size_bytes).sum();
+        if bytes > self.max_entry_bytes {
+            return Err(ServiceError::TooLarge(format!(
+                "the request needs {bytes} bytes in the log, more than one entry holds \
+                 ({}, max_entry_bytes)",
+                self.max_entry_bytes
+            )));
+        }
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Pending { commands, reply })
-            .await
-            .map_err(|_| ServiceError::Unavailable("node is shutting down".into()))?;
-        rx.await.map_err(|_| ServiceError::Unavailable("node is shutting down".into()))?
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let queued =
+            tokio::time::timeout_at(deadline, self.tx.send(Pending { commands, bytes, reply }));
+        match queued.await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(ServiceError::Unavailable("node is shutting down".into())),
+            Err(_) => {
+                return Err(ServiceError::Unavailable(format!(
+                    "the proposer is saturated: not queued within {:?}; nothing was written",
+                    self.timeout
+                )))
+            }
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(ServiceError::Unavailable("node is shutting down".into())),
+            Err(_) => Err(not_committed(self.timeout)),
+        }
     }
 
     /// Proposes one command.
@@ -71,22 +114,29 @@ impl Proposer {
     }
 }
 
-async fn run(
-    raft: Raft,
-    clock: Clock,
-    mut rx: mpsc::Receiver<Pending>,
-    max_batch: usize,
-    max_in_flight: usize,
-    linger: Duration,
-) {
+fn not_committed(timeout: Duration) -> ServiceError {
+    ServiceError::Unavailable(format!("not committed within {timeout:?}; the outcome is unknown"))
+}
+
+async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, config: ProposerConfig) {
+    let ProposerConfig { max_batch, max_entry_bytes, max_in_flight, linger, timeout } = config;
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let mut last_size = 0;
+    // A request taken off the queue that did not fit the previous entry: it opens the next.
+    let mut carried: Option<Pending> = None;
     loop {
         // A slot first, then the requests: whatever queues while all slots are busy goes
         // into the next entry together.
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let Some(first) = rx.recv().await else { return };
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
         let mut size = first.commands.len();
+        let mut bytes = first.bytes;
         let mut batch = vec![first];
         // Closed-loop clients answered by the previous entry send their next requests over
         // the following fraction of a millisecond. Proposing at once would send a handful
@@ -95,14 +145,19 @@ async fn run(
         // the target is one command, and nothing waits.
         let target = (last_size / 2).clamp(1, max_batch);
         let until = tokio::time::Instant::now() + linger;
-        while size < max_batch {
+        while size < max_batch && bytes < max_entry_bytes {
             let next = match rx.try_recv() {
                 Ok(p) => Some(p),
                 Err(_) if size >= target || linger.is_zero() => None,
                 Err(_) => tokio::time::timeout_at(until, rx.recv()).await.ok().flatten(),
             };
             let Some(p) = next else { break };
+            if size + p.commands.len() > max_batch || bytes + p.bytes > max_entry_bytes {
+                carried = Some(p);
+                break;
+            }
             size += p.commands.len();
+            bytes += p.bytes;
             batch.push(p);
         }
         last_size = size;
@@ -117,7 +172,13 @@ async fn run(
         let entry = Entry { now_ms: clock.now_ms(), commands };
         let raft = raft.clone();
         tokio::spawn(async move {
-            match raft.client_write(entry).await {
+            let Ok(written) = tokio::time::timeout(timeout, raft.client_write(entry)).await else {
+                for reply in replies {
+                    let _ = reply.send(Err(not_committed(timeout)));
+                }
+                return; // the slot goes with it
+            };
+            match written {
                 Ok(resp) => {
                     let mut outcomes = resp.data.into_iter();
                     for (len, reply) in lens.into_iter().zip(replies) {

@@ -6,6 +6,12 @@
 //! is re-read every round, so a new leader needs no warm-up: the index in RocksDB is the
 //! whole truth. Waking slightly early is harmless — the tick fires only what is due at the
 //! entry's timestamp — and a late tick from a deposed leader finds nothing left to fire.
+//!
+//! Deadlines come from clients (bounded by the horizon at the edge, but the pump does not rely
+//! on it): every conversion to microseconds saturates, and a sleep is capped at
+//! [`MAX_SLEEP`], so no stored deadline can make the pump spin or panic. A tick that fires
+//! nothing although the head looked due (clock skew between the pump and the replicated
+//! clock) is followed by a short pause, never by a burst of empty entries.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +24,12 @@ use tokio::sync::{watch, Notify};
 
 use crate::clock::Clock;
 use crate::propose::Proposer;
+
+/// The longest the pump sleeps without re-reading the timer index.
+pub const MAX_SLEEP: Duration = Duration::from_secs(3600);
+
+/// The pause after a tick that fired nothing.
+const IDLE_TICK_PAUSE: Duration = Duration::from_millis(10);
 
 /// Shared between the pump and the apply listener.
 #[derive(Default)]
@@ -61,8 +73,10 @@ pub async fn run(
             }
             continue;
         }
-        // Plan first, then look: an apply that lands in between leaves a permit in `notify`.
-        signal.planned_ms.store(0, Ordering::Release);
+        // Plan first, then look: while the head is read, any added timer is "earlier than
+        // planned" and leaves a permit in `notify`, so one applied between this read and the
+        // sleep below still wakes it.
+        signal.planned_ms.store(u64::MAX, Ordering::Release);
         let next = match reader.read_view().and_then(|v| Ok(query::next_deadline(&v)?)) {
             Ok(next) => next,
             Err(e) => {
@@ -73,8 +87,12 @@ pub async fn run(
         };
         let now = clock.now_us();
         if let Some(deadline) = next {
-            if deadline * 1000 <= now {
+            if deadline.saturating_mul(1000) <= now {
                 match proposer.propose_one(Command::Tick { limit: tick_limit }).await {
+                    Ok(Ok(Reply::Ticked { fired: 0, more: false })) => {
+                        tracing::debug!(deadline, "tick fired nothing");
+                        tokio::time::sleep(IDLE_TICK_PAUSE).await;
+                    }
                     Ok(Ok(Reply::Ticked { fired, more })) => {
                         tracing::trace!(fired, more, "tick");
                     }
@@ -90,8 +108,11 @@ pub async fn run(
         }
         signal.planned_ms.store(next.unwrap_or(u64::MAX), Ordering::Release);
         let sleep = match next {
-            Some(deadline) => Duration::from_micros(deadline * 1000 - now),
-            None => Duration::from_secs(3600),
+            Some(deadline) => {
+                Duration::from_micros(deadline.saturating_mul(1000).saturating_sub(now))
+                    .min(MAX_SLEEP)
+            }
+            None => MAX_SLEEP,
         };
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}

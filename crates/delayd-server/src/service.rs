@@ -23,6 +23,17 @@ use crate::node::Node;
 
 /// Most attributes a job may carry.
 pub const MAX_ATTRIBUTES: usize = 16;
+/// Longest attribute name, in bytes.
+pub const MAX_ATTRIBUTE_NAME_BYTES: usize = 64;
+/// Longest attribute value, in bytes.
+pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 1024;
+/// Longest client key, in bytes.
+pub const MAX_KEY_BYTES: usize = 255;
+/// The outer bound of the `max_horizon` setting: lmstfy's parameters are 32-bit seconds.
+pub const MAX_HORIZON_LIMIT: Duration = Duration::from_secs(u32::MAX as u64);
+/// Most jobs a respawn or purge may name (it runs in chunks of
+/// [`delayd_core::limits::MAX_JOBS_PER_COMMAND`]).
+pub const MAX_BULK_LIMIT: u32 = 100_000;
 /// Most jobs in one bulk publish.
 pub const MAX_BULK: usize = 64;
 /// Most jobs one reserve may take.
@@ -148,10 +159,43 @@ impl Drop for WaitGuard<'_> {
 }
 
 impl Node {
-    fn check_publish(&self, p: &PublishParams, body: &[u8]) -> Result<(), ServiceError> {
-        if body.len() > self.inner.config.max_body_bytes {
-            return Err(ServiceError::TooLarge(self.inner.config.max_body_bytes));
+    /// Refuses a duration a client gave (`name`, in ms) that reaches past the configured
+    /// horizon. Every relative time a client sends passes here before it is proposed, so no
+    /// deadline the state machine computes from it comes near overflowing.
+    pub(crate) fn check_horizon(&self, name: &str, ms: u64) -> Result<(), ServiceError> {
+        let horizon = self.inner.config.max_horizon;
+        if u128::from(ms) > horizon.as_millis() {
+            return Err(ServiceError::BadRequest(format!(
+                "{name} is beyond the maximum horizon of {} s (max_horizon_s)",
+                horizon.as_secs()
+            )));
         }
+        Ok(())
+    }
+
+    /// Checks a due time against the horizon; returns its delay from now in ms.
+    fn check_due(&self, due: Due) -> Result<u64, ServiceError> {
+        match due {
+            Due::After(delay) => self.check_horizon("delay", delay).map(|()| delay),
+            Due::At(at) => {
+                let delay = at.saturating_sub(self.clock().now_ms());
+                self.check_horizon("at", delay).map(|()| delay)
+            }
+        }
+    }
+
+    fn check_body(&self, body: &[u8]) -> Result<(), ServiceError> {
+        let limit = self.inner.config.max_body_bytes;
+        if body.len() > limit {
+            return Err(ServiceError::TooLarge(format!(
+                "body is larger than the limit of {limit} bytes (max_body_bytes)"
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_publish(&self, p: &PublishParams, body: &[u8]) -> Result<(), ServiceError> {
+        self.check_body(body)?;
         if p.tries == 0 {
             return Err(ServiceError::BadRequest("tries must be at least 1".into()));
         }
@@ -160,15 +204,53 @@ impl Node {
                 "at most {MAX_ATTRIBUTES} attributes per job"
             )));
         }
-        if let Some(key) = &p.key {
-            if key.is_empty() || key.len() > 255 {
-                return Err(ServiceError::BadRequest("key must be 1-255 bytes".into()));
+        for (name, value) in &p.attributes {
+            if name.is_empty() || name.len() > MAX_ATTRIBUTE_NAME_BYTES {
+                return Err(ServiceError::BadRequest(format!(
+                    "attribute names are 1 to {MAX_ATTRIBUTE_NAME_BYTES} bytes"
+                )));
+            }
+            if value.len() > MAX_ATTRIBUTE_VALUE_BYTES {
+                return Err(ServiceError::BadRequest(format!(
+                    "attribute {name} is longer than {MAX_ATTRIBUTE_VALUE_BYTES} bytes"
+                )));
             }
         }
-        if let (Some(ttl), Due::After(delay)) = (p.ttl_ms, p.due) {
-            if ttl < delay {
-                return Err(ServiceError::BadRequest("ttl is shorter than delay".into()));
+        if let Some(key) = &p.key {
+            if key.is_empty() || key.len() > MAX_KEY_BYTES {
+                return Err(ServiceError::BadRequest(format!(
+                    "key must be 1 to {MAX_KEY_BYTES} bytes"
+                )));
             }
+        }
+        let delay = self.check_due(p.due)?;
+        self.check_horizon("ttr", p.ttr_ms)?;
+        if p.ttr_ms == 0 {
+            return Err(ServiceError::BadRequest("ttr must be positive".into()));
+        }
+        if let Some(ttl) = p.ttl_ms {
+            self.check_horizon("ttl", ttl)?;
+            // A ttl that ends when the job becomes due would remove it instead of delivering
+            // it; refused rather than accepted and silently lost.
+            if ttl <= delay {
+                return Err(ServiceError::BadRequest(
+                    "ttl must be longer than delay: the job would expire before it is delivered"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses commands that cannot fit in one log entry together.
+    fn check_entry(&self, commands: &[Command]) -> Result<(), ServiceError> {
+        let limit = self.inner.config.max_entry_bytes;
+        let size: usize = commands.iter().map(Command::size_bytes).sum();
+        if size > limit {
+            return Err(ServiceError::TooLarge(format!(
+                "the request needs {size} bytes in the log, more than one entry holds \
+                 ({limit}, max_entry_bytes); send fewer or smaller jobs"
+            )));
         }
         Ok(())
     }
@@ -243,12 +325,14 @@ impl Node {
         if params.key.is_some() {
             return Err(ServiceError::BadRequest("key is not accepted in a bulk publish".into()));
         }
+        self.check_publish(params, &[])?;
         let mut commands = Vec::with_capacity(bodies.len());
         for body in bodies {
-            self.check_publish(params, &body)?;
+            self.check_body(&body)?;
             commands
                 .push(Command::Publish { queue: queue.clone(), job: Self::new_job(params, body) });
         }
+        self.check_entry(&commands)?;
         let mut ids = Vec::with_capacity(commands.len());
         for outcome in self.write(commands).await? {
             match reply(outcome)? {
@@ -290,6 +374,9 @@ impl Node {
         }
         if wait > MAX_WAIT {
             return Err(ServiceError::BadRequest("timeout must be at most 600 s".into()));
+        }
+        if let Some(ttr) = ttr_ms {
+            self.check_horizon("ttr", ttr)?;
         }
         let deadline = Instant::now() + wait;
         // Forget the subscriptions however this ends, a dropped request included.
@@ -334,10 +421,7 @@ impl Node {
                 ttr_ms,
                 lease_seed: rand::random(),
             };
-            let got = match self.write_one(command).await? {
-                Reply::Reserved(got) => got,
-                r => return Err(unexpected(r)),
-            };
+            let got = self.reserve_once(command).await?;
             if !got.is_empty() || Instant::now() >= deadline {
                 return Ok(got);
             }
@@ -345,6 +429,50 @@ impl Node {
                 _ = select_all(woken) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
+        }
+    }
+
+    /// Proposes one reserve in a task of its own, so that deliveries whose caller has gone
+    /// (the client disconnected, the request was dropped) while the entry was being
+    /// committed are released at once instead of staying leased for their ttr — with one try
+    /// left they would otherwise go to the dead letter without ever being handed out.
+    async fn reserve_once(&self, command: Command) -> Result<Vec<Delivery>, ServiceError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let node = self.clone();
+        tokio::spawn(async move {
+            let got = match node.write_one(command).await {
+                Ok(Reply::Reserved(got)) => Ok(got),
+                Ok(r) => Err(unexpected(r)),
+                Err(e) => Err(e),
+            };
+            if let Err(Ok(undelivered)) = tx.send(got) {
+                node.return_deliveries(undelivered).await;
+            }
+        });
+        rx.await.map_err(|_| ServiceError::Internal("the reserve task ended".into()))?
+    }
+
+    /// Puts back deliveries that never reached their consumer: released at once with their
+    /// lease (so a consumer that did get one can still tell), best effort — whatever fails
+    /// here comes back when its ttr runs out.
+    pub(crate) async fn return_deliveries(&self, deliveries: Vec<Delivery>) {
+        if deliveries.is_empty() {
+            return;
+        }
+        let n = deliveries.len();
+        let commands = deliveries
+            .into_iter()
+            .map(|d| Command::Release {
+                queue: d.job.queue,
+                id: d.job.id,
+                lease: Some(d.lease),
+                delay_ms: 0,
+                priority: None,
+            })
+            .collect();
+        match self.write(commands).await {
+            Ok(_) => tracing::debug!(jobs = n, "released deliveries nobody received"),
+            Err(e) => tracing::warn!(jobs = n, error = %e, "cannot release undelivered jobs"),
         }
     }
 
@@ -378,6 +506,7 @@ impl Node {
         delay_ms: u64,
         priority: Option<u32>,
     ) -> Result<Job, ServiceError> {
+        self.check_horizon("delay", delay_ms)?;
         self.job_reply(Command::Release { queue, id, lease, delay_ms, priority }).await
     }
 
@@ -389,6 +518,9 @@ impl Node {
         lease: Option<u64>,
         ttr_ms: Option<u64>,
     ) -> Result<Job, ServiceError> {
+        if let Some(ttr) = ttr_ms {
+            self.check_horizon("ttr", ttr)?;
+        }
         self.job_reply(Command::Touch { queue, id, lease, ttr_ms }).await
     }
 
@@ -411,8 +543,11 @@ impl Node {
         body: Option<Vec<u8>>,
         priority: Option<u32>,
     ) -> Result<Job, ServiceError> {
-        if body.as_ref().is_some_and(|b| b.len() > self.inner.config.max_body_bytes) {
-            return Err(ServiceError::TooLarge(self.inner.config.max_body_bytes));
+        if let Some(body) = &body {
+            self.check_body(body)?;
+        }
+        if let Some(due) = due {
+            self.check_due(due)?;
         }
         self.job_reply(Command::Update { queue, target, due, body, priority }).await
     }
@@ -425,11 +560,37 @@ impl Node {
         }
     }
 
-    async fn count_reply(&self, command: Command) -> Result<u64, ServiceError> {
-        match self.write_one(command).await? {
-            Reply::Count(n) => Ok(n),
-            r => Err(unexpected(r)),
+    /// Runs a bulk operation as a sequence of bounded commands (see
+    /// [`delayd_core::limits`]): `command(n)` asks for at most `n` more jobs, until `total`
+    /// jobs are done or a command reports nothing more. Other clients' entries interleave
+    /// between the chunks, so a large operation neither stalls the cluster nor is atomic.
+    async fn chunked(
+        &self,
+        total: u64,
+        command: impl Fn(u32) -> Command,
+    ) -> Result<u64, ServiceError> {
+        let mut done = 0u64;
+        while done < total {
+            let want = (total - done).min(delayd_core::limits::MAX_JOBS_PER_COMMAND.into());
+            let want = u32::try_from(want).unwrap_or(u32::MAX);
+            match self.write_one(command(want)).await? {
+                Reply::Count { count, more } => {
+                    done += count;
+                    if !more {
+                        break;
+                    }
+                }
+                r => return Err(unexpected(r)),
+            }
         }
+        Ok(done)
+    }
+
+    fn check_limit(limit: u32) -> Result<(), ServiceError> {
+        if limit == 0 || limit > MAX_BULK_LIMIT {
+            return Err(ServiceError::BadRequest(format!("limit must be 1 to {MAX_BULK_LIMIT}")));
+        }
+        Ok(())
     }
 
     /// Moves up to `limit` dead jobs back to ready with one try and a new ttl.
@@ -439,17 +600,31 @@ impl Node {
         limit: u32,
         ttl_ms: Option<u64>,
     ) -> Result<u64, ServiceError> {
-        self.count_reply(Command::Respawn { queue, limit, ttl_ms }).await
+        Self::check_limit(limit)?;
+        if let Some(ttl) = ttl_ms {
+            self.check_horizon("ttl", ttl)?;
+        }
+        self.chunked(limit.into(), |limit| Command::Respawn { queue: queue.clone(), limit, ttl_ms })
+            .await
     }
 
     /// Deletes up to `limit` dead jobs.
     pub async fn purge(&self, queue: QueueName, limit: u32) -> Result<u64, ServiceError> {
-        self.count_reply(Command::Purge { queue, limit }).await
+        Self::check_limit(limit)?;
+        self.chunked(limit.into(), |limit| Command::Purge { queue: queue.clone(), limit }).await
     }
 
-    /// Removes the ready jobs of a queue (`all`: every job).
+    /// Removes the ready jobs of a queue (`all`: every job): those it held when the call
+    /// began, in chunks, plus whatever arrives meanwhile in a chunk's range.
     pub async fn destroy(&self, queue: QueueName, all: bool) -> Result<u64, ServiceError> {
-        self.count_reply(Command::Destroy { queue, all }).await
+        let meta = self.queue_meta(&queue, false).await?;
+        let held = if all {
+            meta.counts.iter().sum::<u64>()
+        } else {
+            meta.count(delayd_core::JobState::Ready)
+        };
+        // At least one command, so a destroy of an empty queue still goes through the log.
+        self.chunked(held.max(1), |_| Command::Destroy { queue: queue.clone(), all }).await
     }
 
     /// Pauses or resumes a queue.

@@ -112,7 +112,7 @@ fn assert_status<T: std::fmt::Debug>(r: Result<T, Status>, code: Code, message: 
 fn service_errors_map_to_statuses_in_one_place() {
     let cases = [
         (ServiceError::BadRequest("x".into()), Code::InvalidArgument),
-        (ServiceError::TooLarge(10), Code::InvalidArgument),
+        (ServiceError::TooLarge("x".into()), Code::InvalidArgument),
         (ServiceError::NotFound("x".into()), Code::NotFound),
         (ServiceError::Conflict("x".into()), Code::FailedPrecondition),
         (ServiceError::Unavailable("x".into()), Code::Unavailable),
@@ -217,7 +217,7 @@ async fn bad_input_is_refused_with_the_http_messages() {
         ..none()
     };
     let r = t.c().publish(publish_req(Q, vec![], short_ttl)).await;
-    assert_status(r, Code::InvalidArgument, "ttl is shorter than delay");
+    assert_status(r, Code::InvalidArgument, "ttl must be longer than delay");
     let r =
         t.c().publish(publish_req(Q, vec![], pb::JobOptions { ttr_ms: Some(0), ..none() })).await;
     assert_status(r, Code::InvalidArgument, "ttr must be positive");

@@ -808,7 +808,7 @@ async fn bad_requests_are_refused_and_write_nothing() {
             format!("{Q}?delay=10&ttl=5"),
             "x".into(),
             StatusCode::BAD_REQUEST,
-            "ttl is shorter than delay",
+            "ttl must be longer than delay",
         ),
         (
             Method::PUT,
@@ -816,6 +816,48 @@ async fn bad_requests_are_refused_and_write_nothing() {
             "x".into(),
             StatusCode::BAD_REQUEST,
             "only one of delay",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?delay=1&ttl=1"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "ttl must be longer than delay",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?ttl=18446744073709"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid ttl",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?delay_ms=18446744073709551615"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "delay is beyond the maximum horizon",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?at=18446744073709551615"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "at is beyond the maximum horizon",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?ttl=4000000000"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "ttl is beyond the maximum horizon",
+        ),
+        (
+            Method::PUT,
+            format!("{Q}?ttr=4000000000"),
+            "x".into(),
+            StatusCode::BAD_REQUEST,
+            "ttr is beyond the maximum horizon",
         ),
         (Method::PUT, format!("{Q}?tries=0"), "x".into(), StatusCode::BAD_REQUEST, "tries"),
         (
@@ -1009,5 +1051,25 @@ async fn a_shifted_clock_stamps_due_times_and_drives_the_pump() {
 
     let (status, v) = t.put("/debug/clock?offset_ms=0", "").await;
     assert_eq!((status, v["offset_ms"].as_i64()), (StatusCode::OK, Some(0)));
+    t.stop().await;
+}
+
+/// A bulk whose jobs are each legal but do not fit one log entry together is refused whole
+/// with 413, naming the limit; one that fits lands whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_larger_than_one_log_entry_is_refused_whole() {
+    const ENTRY: usize = 64 * 1024;
+    let config = Config { max_body_bytes: 2048, max_entry_bytes: ENTRY, ..Config::default() };
+    let t = TestNode::start_with(config).await;
+    let body = format!("\"{}\"", "x".repeat(2000));
+    let too_many = format!("[{}]", vec![body.as_str(); 40].join(","));
+    let (status, v) = t.call(Method::PUT, &format!("{Q}/bulk"), &[], too_many).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("max_entry_bytes")), "{v}");
+    assert_eq!(t.size(Q).await, 0, "nothing written");
+    let fits = format!("[{}]", vec![body.as_str(); 20].join(","));
+    let (status, v) = t.call(Method::PUT, &format!("{Q}/bulk"), &[], fits).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    assert_eq!(t.size(Q).await, 20);
     t.stop().await;
 }

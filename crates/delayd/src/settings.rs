@@ -48,6 +48,13 @@ pub struct Settings {
     /// Largest job body accepted, in bytes [default: 1048576].
     #[arg(long, env = "DELAYD_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Largest Raft log entry, in bytes; a bulk publish must fit one [default: 8388608].
+    #[arg(long, env = "DELAYD_MAX_ENTRY_BYTES")]
+    pub max_entry_bytes: Option<usize>,
+    /// How far ahead a delay, due time, ttl or ttr may reach, in s [default: 315360000, 10
+    /// years; at most 4294967295].
+    #[arg(long, env = "DELAYD_MAX_HORIZON_S")]
+    pub max_horizon_s: Option<u64>,
     /// How long a request waits for the cluster before answering 503, in ms [default: 5000].
     #[arg(long, env = "DELAYD_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
@@ -138,6 +145,8 @@ impl Settings {
             peers: Some(String::new()),
             join: Some(c.join),
             max_body_bytes: Some(c.max_body_bytes),
+            max_entry_bytes: Some(c.max_entry_bytes),
+            max_horizon_s: Some(c.max_horizon.as_secs()),
             request_timeout_ms: Some(millis(c.request_timeout)),
             max_batch: Some(c.max_batch),
             max_in_flight: Some(c.max_in_flight),
@@ -164,7 +173,7 @@ impl Settings {
         let b = lower;
         layer!(a, b;
             node_id, data_dir, http_addr, grpc_addr, advertise_addr, peers, join,
-            max_body_bytes, request_timeout_ms, max_batch, max_in_flight, batch_linger_us,
+            max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch, max_in_flight, batch_linger_us,
             tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
             election_timeout_max_ms, dev, admin_token, admin_token_file, public_metrics,
             log_level, log_json, debug_clock,
@@ -238,9 +247,10 @@ impl Settings {
         let request_timeout_ms =
             positive("request_timeout_ms", self.request_timeout_ms, millis(d.request_timeout))?;
         let max_body_bytes = self.max_body_bytes.unwrap_or(d.max_body_bytes);
-        if max_body_bytes == 0 || max_body_bytes > 64 << 20 {
-            bail!("max_body_bytes must be 1 to {} (64 MiB)", 64 << 20);
+        if max_body_bytes == 0 {
+            bail!("max_body_bytes must be positive");
         }
+        let max_horizon_s = positive("max_horizon_s", self.max_horizon_s, d.max_horizon.as_secs())?;
         if self.admin_token.is_some() && self.admin_token_file.is_some() {
             bail!("give admin_token or admin_token_file, not both");
         }
@@ -260,6 +270,8 @@ impl Settings {
             initial_members,
             join: self.join.unwrap_or(d.join),
             max_body_bytes,
+            max_entry_bytes: self.max_entry_bytes.unwrap_or(d.max_entry_bytes),
+            max_horizon: Duration::from_secs(max_horizon_s),
             request_timeout: Duration::from_millis(request_timeout_ms),
             max_batch: self.max_batch.unwrap_or(d.max_batch),
             max_in_flight: self.max_in_flight.unwrap_or(d.max_in_flight),
