@@ -13,7 +13,7 @@ import argparse, concurrent.futures, glob, json, os, shutil, signal, subprocess,
 ap = argparse.ArgumentParser()
 ap.add_argument("--jobs", type=int, default=1_000_000)
 ap.add_argument("--data", default="/tmp/delayd-snapbench")
-ap.add_argument("--bin", default="target/debug/delayd")
+ap.add_argument("--bin", default="target/release/delayd")
 args = ap.parse_args()
 os.chdir(os.path.join(os.path.dirname(__file__), ".."))
 shutil.rmtree(args.data, ignore_errors=True)
@@ -67,7 +67,8 @@ try:
     os.makedirs(f"{args.data}/node4", exist_ok=True)
     log = open(f"{args.data}/node4.log", "w")
     extra.append(subprocess.Popen([args.bin, "--node-id", "4", "--data-dir", f"{args.data}/node4",
-        "--http-addr", "127.0.0.1:7999", "--grpc-addr", "127.0.0.1:8004", "--join"], stdout=log, stderr=log))
+        "--http-addr", "127.0.0.1:7999", "--grpc-addr", "127.0.0.1:8004", "--join",
+        "--admin-token-file", f"{args.data}/admin-token"], stdout=log, stderr=log))
     time.sleep(1)
     t0 = time.time()
     call("POST", H(leader) + "/admin/nodes?id=4&addr=127.0.0.1:8004", timeout=600)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of docker-compose.yml: build the image, start the three containers, check that
 # they form one cluster, publish through one node and consume through another, kill a node and
-# keep serving, then tear everything down (always, even on failure).
+# keep serving, then tear everything down (always, even on failure). The image holds the
+# release build unless DELAYD_BIN names another (see scripts/docker-image.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

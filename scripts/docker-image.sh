@@ -2,12 +2,21 @@
 # Builds the `delayd:local` image without a registry and without compiling inside Docker: the
 # host-built binary plus exactly the shared libraries `ldd` lists, on an empty (scratch) base.
 #
-#   scripts/docker-image.sh            # builds target/debug/delayd if needed, tags delayd:local
+#   scripts/docker-image.sh                                  # target/release/delayd (built if absent)
+#   DELAYD_BIN=target/debug/delayd scripts/docker-image.sh   # another build instead
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin=${DELAYD_BIN:-target/debug/delayd}
-[ -x "$bin" ] || cargo build -p delayd
+# An image is what gets deployed: the release build unless DELAYD_BIN names another (CI
+# passes its debug build, to keep to one build profile).
+bin=${DELAYD_BIN:-target/release/delayd}
+if [ ! -x "$bin" ]; then
+  case "$bin" in
+    target/release/delayd) cargo build --release -p delayd ;;
+    target/debug/delayd) cargo build -p delayd ;;
+    *) echo "DELAYD_BIN=$bin is not an executable" >&2; exit 1 ;;
+  esac
+fi
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 

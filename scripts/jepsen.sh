@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Chaos tests against the docker-compose cluster: builds the image from the host-built binary,
-# then runs the jepsen harness. Arguments go to the harness, e.g.
+# Chaos tests against the docker-compose cluster: builds the image from the host-built binary
+# (the release build, or $DELAYD_BIN: see scripts/docker-image.sh), then runs the jepsen
+# harness (a debug build: it is a test tool). Arguments go to the harness, e.g.
 #
 #   scripts/jepsen.sh                                  # CI mode, random seed (printed first)
 #   scripts/jepsen.sh --seed 42                        # CI mode, fixed seed

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Starts an N-node delayd cluster on loopback (default 3), each node with its own data
 # directory under ${DATA:-./cluster-data}, and prints each node's HTTP address. Ctrl-C (or
-# SIGTERM) stops them all. Restarting with the same DATA resumes the same cluster.
+# SIGTERM) stops them all. Restarting with the same DATA resumes the same cluster. The nodes
+# run target/release/delayd (built if absent) unless DELAYD_BIN names another binary.
 #
 #   scripts/local-cluster.sh 3
 #   HTTP_BASE=9000 GRPC_BASE=9100 scripts/local-cluster.sh 5
+#   DELAYD_BIN=target/debug/delayd scripts/local-cluster.sh 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,8 +14,14 @@ n=${1:-3}
 data=${DATA:-./cluster-data}
 http_base=${HTTP_BASE:-7770}
 grpc_base=${GRPC_BASE:-7870}
-bin=${DELAYD_BIN:-target/debug/delayd}
-[ -x "$bin" ] || cargo build -p delayd
+bin=${DELAYD_BIN:-target/release/delayd}
+if [ ! -x "$bin" ]; then
+  case "$bin" in
+    target/release/delayd) cargo build --release -p delayd ;;
+    target/debug/delayd) cargo build -p delayd ;;
+    *) echo "DELAYD_BIN=$bin is not an executable" >&2; exit 1 ;;
+  esac
+fi
 
 peers=""
 for i in $(seq 1 "$n"); do

@@ -13,6 +13,10 @@ use serde_json::Value;
 fn refused(args: &[&str], env: &[(&str, &str)]) -> Result<String> {
     let mut cmd = Command::new(delayd_bin()?);
     cmd.args(args).stdin(Stdio::null());
+    // Only what the test gives: no credential or dev mode inherited from the caller.
+    for k in ["DELAYD_ADMIN_TOKEN", "DELAYD_ADMIN_TOKEN_FILE", "DELAYD_DEV"] {
+        cmd.env_remove(k);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -36,6 +40,28 @@ fn bad_settings_stop_delayd_with_the_key_named() -> Result<()> {
     ensure!(err.contains("admin_token must be at least 16 characters"), "{err}");
     let err = refused(&["--config", "/nonexistent/delayd.toml"], &[])?;
     ensure!(err.contains("cannot read the config file /nonexistent/delayd.toml"), "{err}");
+    Ok(())
+}
+
+/// Found by review: founding nodes without a configured admin token each generated their own,
+/// refused one another (the admin token is the cluster credential) and never formed a cluster,
+/// with only a warning in the log. Now such a node does not start, and says what to set.
+#[test]
+fn a_cluster_node_without_an_admin_token_refuses_to_start() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("node1");
+    let data = data.display().to_string();
+    let peers = "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3";
+    let err = refused(&["--data-dir", &data, "--peers", peers], &[])?;
+    ensure!(
+        err.contains("peers lists 3 members but no admin token is configured")
+            && err
+                .contains("every node of a cluster needs the same admin_token or admin_token_file"),
+        "{err}"
+    );
+    let err = refused(&["--data-dir", &data, "--node-id", "4", "--join"], &[])?;
+    ensure!(err.contains("join is set but no admin token is configured"), "{err}");
+    ensure!(!dir.path().join("node1/admin-token").exists(), "no token was generated");
     Ok(())
 }
 

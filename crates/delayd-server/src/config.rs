@@ -14,6 +14,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The HTTP API's listen address.
     pub http_addr: SocketAddr,
+    /// Bounds on the HTTP API's connections (timeouts, how many at once).
+    pub http: HttpLimits,
     /// The internal gRPC listen address (Raft replication and forwarding).
     pub grpc_addr: SocketAddr,
     /// The gRPC address other nodes use to reach this one (`host:port`); defaults to
@@ -66,6 +68,7 @@ impl Default for Config {
             node_id: 1,
             data_dir: PathBuf::from("data"),
             http_addr: SocketAddr::from(([0, 0, 0, 0], 7777)),
+            http: HttpLimits::default(),
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 7778)),
             advertise_addr: None,
             initial_members: BTreeMap::new(),
@@ -154,6 +157,7 @@ impl Config {
                 crate::service::MAX_HORIZON_LIMIT.as_secs()
             ));
         }
+        self.http.validate()?;
         if self.max_batch == 0 || self.tick_limit == 0 || self.max_in_flight == 0 {
             return Err("max batch, max in flight and tick limit must be positive".into());
         }
@@ -169,6 +173,51 @@ pub const MAX_ENTRY_BYTES: usize = crate::network::MAX_MESSAGE_BYTES / 4;
 /// Room a job needs in an entry beside its body: the largest attributes and key allowed, and
 /// the command's own fields.
 pub const JOB_OVERHEAD_BYTES: usize = 32 * 1024;
+/// Bounds on the HTTP API's connections, enforced by [`crate::serve::serve_http`]: a client
+/// can hold a connection only while it is sending a request promptly, has one in flight, or
+/// has been idle for less than `idle_timeout`; and only `max_connections` at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Longest a client may take to send a request's header, counted from the connection's
+    /// accept (first request) or from the first byte of the next request (keep-alive).
+    pub header_timeout: Duration,
+    /// A connection with no request in flight for this long is closed. A long-poll reserve
+    /// has its request in flight however long it waits, so it is never cut by this.
+    pub idle_timeout: Duration,
+    /// Most connections served at once; further ones wait in the kernel's accept backlog
+    /// until one closes (see [`crate::serve`]).
+    pub max_connections: usize,
+}
+
+/// The most `http_max_connections` accepted: far beyond any file-descriptor limit, and small
+/// enough to count in the `u32` a semaphore acquires at once.
+pub const MAX_HTTP_CONNECTIONS: usize = 1 << 20;
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 4096,
+        }
+    }
+}
+
+impl HttpLimits {
+    /// Checks the limits, naming the setting at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.header_timeout.is_zero() {
+            return Err("http_header_timeout_ms must be positive".into());
+        }
+        if self.idle_timeout.is_zero() {
+            return Err("http_idle_timeout_ms must be positive".into());
+        }
+        if self.max_connections == 0 || self.max_connections > MAX_HTTP_CONNECTIONS {
+            return Err(format!("http_max_connections must be 1 to {MAX_HTTP_CONNECTIONS}"));
+        }
+        Ok(())
+    }
+}
 
 /// Shortest admin token accepted: guessing 16 random characters is out of reach, a short
 /// password is not.

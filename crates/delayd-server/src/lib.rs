@@ -16,7 +16,9 @@
 //! - the gRPC client API ([`api`]), on the node's gRPC port beside the internal services;
 //! - **authentication** ([`auth`]): the admin token and namespace tokens, which live in the
 //!   replicated state and are managed through the token API ([`tokens`]); a request id per
-//!   HTTP request ([`request_id`]).
+//!   HTTP request ([`request_id`]);
+//! - the HTTP **transport** ([`serve`]): header and idle timeouts and a connection limit, so
+//!   no client can hold connections it does not use.
 //!
 //! Errors are mapped to HTTP status codes in exactly one place, [`http::error`], and to gRPC
 //! statuses in one place, [`api::status`].
@@ -37,6 +39,7 @@ pub mod node;
 pub mod propose;
 pub mod pump;
 pub mod request_id;
+pub mod serve;
 pub mod service;
 pub mod tokens;
 pub mod waiters;

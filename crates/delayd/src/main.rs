@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use delayd_server::serve::serve_http;
 use delayd_server::{http, Node};
 use settings::Settings;
 use tracing_subscriber::EnvFilter;
@@ -69,11 +70,11 @@ async fn main() -> anyhow::Result<()> {
     if config.debug_clock {
         tracing::warn!("--debug-clock: /debug/clock can shift this node's clock; test use only");
     }
+    let limits = config.http.clone();
     let node = Node::start(config).await.context("cannot start the node")?;
     tracing::info!(addr = %listener.local_addr()?, "serving HTTP");
 
-    axum::serve(listener, http::router(node.clone()))
-        .with_graceful_shutdown(shutdown_signal())
+    serve_http(listener, http::router(node.clone()), &limits, shutdown_signal())
         .await
         .context("HTTP server")?;
     node.shutdown().await;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::builder::BoolishValueParser;
-use delayd_server::config::{parse_members, AuthConfig, MIN_ADMIN_TOKEN_LEN};
+use delayd_server::config::{parse_members, AuthConfig, HttpLimits, MIN_ADMIN_TOKEN_LEN};
 use delayd_server::Config;
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +29,16 @@ pub struct Settings {
     /// HTTP listen address [default: 0.0.0.0:7777].
     #[arg(long, env = "DELAYD_HTTP_ADDR")]
     pub http_addr: Option<SocketAddr>,
+    /// Longest a client may take to send an HTTP request's header, in ms [default: 10000].
+    #[arg(long, env = "DELAYD_HTTP_HEADER_TIMEOUT_MS")]
+    pub http_header_timeout_ms: Option<u64>,
+    /// An HTTP connection with no request in flight for this long is closed, in ms (a
+    /// long-poll in flight is never cut) [default: 60000].
+    #[arg(long, env = "DELAYD_HTTP_IDLE_TIMEOUT_MS")]
+    pub http_idle_timeout_ms: Option<u64>,
+    /// Most HTTP connections served at once; more wait in the accept backlog [default: 4096].
+    #[arg(long, env = "DELAYD_HTTP_MAX_CONNECTIONS")]
+    pub http_max_connections: Option<usize>,
     /// gRPC listen address: client API, Raft replication, forwarding [default: 0.0.0.0:7778].
     #[arg(long, env = "DELAYD_GRPC_ADDR")]
     pub grpc_addr: Option<SocketAddr>,
@@ -140,6 +150,9 @@ impl Settings {
             node_id: Some(c.node_id),
             data_dir: Some(c.data_dir),
             http_addr: Some(c.http_addr),
+            http_header_timeout_ms: Some(millis(c.http.header_timeout)),
+            http_idle_timeout_ms: Some(millis(c.http.idle_timeout)),
+            http_max_connections: Some(c.http.max_connections),
             grpc_addr: Some(c.grpc_addr),
             advertise_addr: None,
             peers: Some(String::new()),
@@ -172,8 +185,10 @@ impl Settings {
         let a = self;
         let b = lower;
         layer!(a, b;
-            node_id, data_dir, http_addr, grpc_addr, advertise_addr, peers, join,
-            max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch, max_in_flight, batch_linger_us,
+            node_id, data_dir, http_addr, http_header_timeout_ms, http_idle_timeout_ms,
+            http_max_connections, grpc_addr, advertise_addr, peers, join,
+            max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
+            max_in_flight, batch_linger_us,
             tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
             election_timeout_max_ms, dev, admin_token, admin_token_file, public_metrics,
             log_level, log_json, debug_clock,
@@ -246,6 +261,19 @@ impl Settings {
         }
         let request_timeout_ms =
             positive("request_timeout_ms", self.request_timeout_ms, millis(d.request_timeout))?;
+        let http = HttpLimits {
+            header_timeout: Duration::from_millis(positive(
+                "http_header_timeout_ms",
+                self.http_header_timeout_ms,
+                millis(d.http.header_timeout),
+            )?),
+            idle_timeout: Duration::from_millis(positive(
+                "http_idle_timeout_ms",
+                self.http_idle_timeout_ms,
+                millis(d.http.idle_timeout),
+            )?),
+            max_connections: self.http_max_connections.unwrap_or(d.http.max_connections),
+        };
         let max_body_bytes = self.max_body_bytes.unwrap_or(d.max_body_bytes);
         if max_body_bytes == 0 {
             bail!("max_body_bytes must be positive");
@@ -261,14 +289,33 @@ impl Settings {
             }
             t => t.clone(),
         };
+        let join = self.join.unwrap_or(d.join);
+        // The admin token is also the credential nodes show each other (see
+        // `AuthConfig::cluster_secret`): nodes that each generated their own would refuse one
+        // another and the cluster would never form. A joining node must talk to a running
+        // cluster, so it needs the cluster's token too. An explicit admin_token_file is
+        // trusted: it may be one file the nodes share, created by whichever starts first.
+        let cluster = initial_members.len() > 1 || join;
+        if cluster && !dev && admin_token.is_none() && self.admin_token_file.is_none() {
+            let why = if join {
+                "join is set".to_string()
+            } else {
+                format!("peers lists {} members", initial_members.len())
+            };
+            bail!(
+                "{why} but no admin token is configured: every node of a cluster needs the same \
+                 admin_token or admin_token_file (each node would otherwise generate its own)"
+            );
+        }
         let config = Config {
             node_id: self.node_id.unwrap_or(d.node_id),
             data_dir: self.data_dir.clone().unwrap_or(d.data_dir),
             http_addr: self.http_addr.unwrap_or(d.http_addr),
+            http,
             grpc_addr: self.grpc_addr.unwrap_or(d.grpc_addr),
             advertise_addr: self.advertise_addr.clone().filter(|a| !a.is_empty()),
             initial_members,
-            join: self.join.unwrap_or(d.join),
+            join,
             max_body_bytes,
             max_entry_bytes: self.max_entry_bytes.unwrap_or(d.max_entry_bytes),
             max_horizon: Duration::from_secs(max_horizon_s),
@@ -419,6 +466,55 @@ mod tests {
         assert!(err("request_timeout_ms = 0").contains("request_timeout_ms must be positive"));
         assert!(err("admin_token = \"0123456789abcdef\"\nadmin_token_file = \"t\"")
             .contains("not both"));
+    }
+
+    #[test]
+    fn a_cluster_node_needs_a_configured_admin_token() {
+        let config = |toml: &str| {
+            Settings::from_toml(toml).and_then(|s| s.over(Settings::defaults()).to_config())
+        };
+        let three = "peers = \"1=a:1,2=b:2,3=c:3\"\n";
+        let err = format!("{:#}", config(three).expect_err("no token"));
+        assert!(
+            err.contains("peers lists 3 members but no admin token is configured")
+                && err.contains("admin_token or admin_token_file"),
+            "{err}"
+        );
+        let err = format!("{:#}", config("join = true").expect_err("no token"));
+        assert!(err.contains("join is set but no admin token is configured"), "{err}");
+        // A single node generates its own; a shared token, a token file or dev will do.
+        for ok in [
+            String::new(),
+            "peers = \"1=a:1\"".into(),
+            format!("{three}admin_token = \"0123456789abcdef\""),
+            format!("{three}admin_token_file = \"/shared/admin-token\""),
+            format!("{three}dev = true"),
+            "join = true\ndev = true".into(),
+        ] {
+            config(&ok).unwrap_or_else(|e| panic!("{ok:?} refused: {e:#}"));
+        }
+    }
+
+    #[test]
+    fn http_limits_come_from_their_keys_and_must_be_positive() {
+        let s = Settings::from_toml(
+            "http_header_timeout_ms = 500\nhttp_idle_timeout_ms = 700\nhttp_max_connections = 3",
+        )
+        .expect("parse");
+        let c = s.over(Settings::defaults()).to_config().expect("valid");
+        assert_eq!(
+            c.http,
+            HttpLimits {
+                header_timeout: Duration::from_millis(500),
+                idle_timeout: Duration::from_millis(700),
+                max_connections: 3,
+            }
+        );
+        for key in ["http_header_timeout_ms", "http_idle_timeout_ms", "http_max_connections"] {
+            let s = Settings::from_toml(&format!("{key} = 0")).expect("parse");
+            let err = format!("{:#}", s.over(Settings::defaults()).to_config().expect_err(key));
+            assert!(err.contains(key), "{err}");
+        }
     }
 
     #[test]
