@@ -26,7 +26,9 @@ pub struct NewJob {
     pub id: JobId,
     /// Optional idempotency key.
     pub key: Option<String>,
-    /// Payload.
+    /// Payload. Encoded as one byte string (the same bytes on the wire as a sequence of u8
+    /// in postcard, but copied at once instead of element by element).
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
     /// Attributes.
     pub attributes: BTreeMap<String, String>,
@@ -141,6 +143,7 @@ pub enum Command {
         /// New due time.
         due: Option<Due>,
         /// New body.
+        #[serde(with = "serde_bytes")]
         body: Option<Vec<u8>>,
         /// New priority.
         priority: Option<u32>,

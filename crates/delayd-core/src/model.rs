@@ -114,7 +114,8 @@ pub struct Job {
     pub queue: QueueName,
     /// Optional client key, unique per queue while the job lives.
     pub key: Option<String>,
-    /// Opaque payload.
+    /// Opaque payload (one byte string on the wire, see [`crate::NewJob::body`]).
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
     /// Client attributes (lmstfy `Job-Attr-*`).
     pub attributes: BTreeMap<String, String>,
