@@ -41,6 +41,19 @@ pub struct PumpSignal {
 }
 
 impl PumpSignal {
+    /// Called before the pump reads the head of the timer index: until it has planned its
+    /// next sleep ([`PumpSignal::plan`]), any timer added counts as earlier than planned and
+    /// leaves a wake-up permit, so a deadline applied between the read and the sleep is never
+    /// missed.
+    pub fn reading(&self) {
+        self.planned_ms.store(u64::MAX, Ordering::Release);
+    }
+
+    /// Records the deadline the pump is about to sleep towards (`None`: no timer at all).
+    pub fn plan(&self, deadline_ms: Option<u64>) {
+        self.planned_ms.store(deadline_ms.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
     /// Called after each applied batch that added timers.
     pub fn timer_added(&self, deadline_ms: u64) {
         if deadline_ms < self.planned_ms.load(Ordering::Acquire) {
@@ -73,10 +86,8 @@ pub async fn run(
             }
             continue;
         }
-        // Plan first, then look: while the head is read, any added timer is "earlier than
-        // planned" and leaves a permit in `notify`, so one applied between this read and the
-        // sleep below still wakes it.
-        signal.planned_ms.store(u64::MAX, Ordering::Release);
+        // Open the window first, then look: a timer applied from here on wakes the sleep below.
+        signal.reading();
         let next = match reader.read_view().and_then(|v| Ok(query::next_deadline(&v)?)) {
             Ok(next) => next,
             Err(e) => {
@@ -106,7 +117,7 @@ pub async fn run(
                 continue;
             }
         }
-        signal.planned_ms.store(next.unwrap_or(u64::MAX), Ordering::Release);
+        signal.plan(next);
         let sleep = match next {
             Some(deadline) => {
                 Duration::from_micros(deadline.saturating_mul(1000).saturating_sub(now))
@@ -121,5 +132,29 @@ pub async fn run(
             r = metrics.wait_for(|m| m.state != ServerState::Leader) => if r.is_err() { return },
             _ = shutdown.changed() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    /// Found in review: the pump stored 0 as its plan while it read the timer index, so a
+    /// deadline applied in that window compared as "later than planned" and left no permit;
+    /// the pump then slept towards the old head (up to an hour) past the new deadline.
+    #[test]
+    fn a_timer_added_while_the_pump_reads_the_index_wakes_it() {
+        let signal = PumpSignal::default();
+        signal.reading();
+        signal.timer_added(5_000); // applied while the head (10_000) is being read
+        signal.plan(Some(10_000));
+        assert!(signal.notify.notified().now_or_never().is_some(), "the sleep wakes at once");
+
+        // Once planned, only an earlier deadline wakes it.
+        signal.timer_added(20_000);
+        assert!(signal.notify.notified().now_or_never().is_none());
+        signal.timer_added(9_000);
+        assert!(signal.notify.notified().now_or_never().is_some());
     }
 }

@@ -144,6 +144,25 @@ fn unexpected(r: Reply) -> ServiceError {
     ServiceError::Internal(format!("unexpected reply {r:?}"))
 }
 
+/// The receiving end of a reserve's outcome. Dropped before it was read (the caller went
+/// away), it closes the channel and returns whatever arrived in the meantime: together with
+/// the sender's check, no outcome can fall between the two.
+struct ReserveOutcome<'a> {
+    rx: Option<tokio::sync::oneshot::Receiver<Result<Vec<Delivery>, ServiceError>>>,
+    node: &'a Node,
+}
+
+impl Drop for ReserveOutcome<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        rx.close();
+        if let Ok(Ok(undelivered)) = rx.try_recv() {
+            let node = self.node.clone();
+            tokio::spawn(async move { node.return_deliveries(undelivered).await });
+        }
+    }
+}
+
 /// Releases a reserve's waiter subscriptions when the reserve ends or is dropped.
 struct WaitGuard<'a> {
     node: &'a Node,
@@ -445,11 +464,16 @@ impl Node {
                 Ok(r) => Err(unexpected(r)),
                 Err(e) => Err(e),
             };
+            // The caller went away before the outcome: nobody will deliver these.
             if let Err(Ok(undelivered)) = tx.send(got) {
                 node.return_deliveries(undelivered).await;
             }
         });
-        rx.await.map_err(|_| ServiceError::Internal("the reserve task ended".into()))?
+        let mut outcome = ReserveOutcome { rx: Some(rx), node: self };
+        let rx = outcome.rx.as_mut().ok_or_else(|| ServiceError::Internal("no receiver".into()))?;
+        let got = rx.await.map_err(|_| ServiceError::Internal("the reserve task ended".into()));
+        outcome.rx = None;
+        got?
     }
 
     /// Puts back deliveries that never reached their consumer: released at once with their
