@@ -148,27 +148,37 @@ pub type Write = (Cf, Vec<u8>, Option<Vec<u8>>);
 pub struct Overlay<'a, R: KvRead + ?Sized> {
     base: &'a R,
     pending: BTreeMap<(Cf, Vec<u8>), Option<Vec<u8>>>,
+    /// Bytes of keys and values buffered so far, counting overwritten ones too: an upper
+    /// bound of the batch's memory, cheap to keep.
+    buffered_bytes: usize,
 }
 
 impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
     /// Starts an empty batch over `base`.
     pub fn new(base: &'a R) -> Self {
-        Overlay { base, pending: BTreeMap::new() }
+        Overlay { base, pending: BTreeMap::new(), buffered_bytes: 0 }
     }
 
     /// Buffers a put.
     pub fn put(&mut self, cf: Cf, key: Vec<u8>, value: Vec<u8>) {
+        self.buffered_bytes += key.len() + value.len();
         self.pending.insert((cf, key), Some(value));
     }
 
     /// Buffers a delete.
     pub fn delete(&mut self, cf: Cf, key: Vec<u8>) {
+        self.buffered_bytes += key.len();
         self.pending.insert((cf, key), None);
     }
 
     /// Number of buffered writes.
     pub fn len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// An upper bound of the bytes buffered (keys and values, overwritten ones included).
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffered_bytes
     }
 
     /// True when nothing is buffered.

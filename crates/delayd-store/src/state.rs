@@ -32,6 +32,10 @@ pub type ApplyListener = Arc<dyn Fn(&Effects) + Send + Sync>;
 /// What `applied_state` reports: the last applied log id and membership.
 type AppliedState = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
 
+/// Applying writes what it has buffered once it holds this many bytes, so a long run of
+/// committed entries (a log replayed at start) never sits in memory at once.
+const APPLY_FLUSH_BYTES: usize = 64 << 20;
+
 /// Installing a snapshot writes in batches of at most this many records...
 const INSTALL_BATCH_RECORDS: usize = 10_000;
 /// ...or this many bytes, whichever comes first.
@@ -133,6 +137,14 @@ impl Shared {
         let mut last_applied = None;
         let mut membership = None;
         for entry in entries {
+            // openraft hands over every committed entry at once (thousands when a node
+            // replays its log at start): write what is buffered before it grows past the
+            // bound, with `last_applied` up to there, so memory stays bounded whatever the
+            // backlog. Each part is atomic on its own, which is all a restart needs.
+            if overlay.buffered_bytes() > APPLY_FLUSH_BYTES {
+                self.write_applied(overlay, last_applied, membership.take())?;
+                overlay = Overlay::new(&live);
+            }
             last_applied = Some(entry.log_id);
             match &entry.payload {
                 EntryPayload::Blank => replies.push(Vec::new()),
@@ -147,7 +159,18 @@ impl Shared {
                 }
             }
         }
+        self.write_applied(overlay, last_applied, membership)?;
+        Ok((replies, effects))
+    }
 
+    /// Writes one applied batch atomically with the last applied log id and, if the batch
+    /// changed it, the membership.
+    fn write_applied(
+        &self,
+        overlay: Overlay<'_, ReadView<'_>>,
+        last_applied: Option<LogId<NodeId>>,
+        membership: Option<StoredMembership<NodeId, BasicNode>>,
+    ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
         for (cf, key, value) in overlay.into_writes() {
             if cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX) {
@@ -170,7 +193,7 @@ impl Shared {
         // Not synced: the log below it is, and a crash that loses this write also loses
         // `last_applied` with it, so openraft re-applies the same entries.
         self.db.write(batch)?;
-        Ok((replies, effects))
+        Ok(())
     }
 
     /// Builds a snapshot from one consistent view; returns its meta and the open file.
@@ -721,6 +744,47 @@ mod tests {
         let current = sm_f.get_current_snapshot().await.expect("current").expect("some");
         assert_eq!(current.meta, built.meta);
         assert_eq!(snapshot_files(follower_dir.path()), ["00000000000000aa.snap"]);
+    }
+
+    /// A run of committed entries whose writes exceed the flush bound is written in parts,
+    /// and the result is the same as applying them one by one: every job, the last id.
+    #[tokio::test]
+    async fn a_long_apply_is_written_in_bounded_parts() {
+        use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName};
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, mut sm) = open(dir.path());
+        let body = vec![7u8; 4 << 20];
+        let n = (APPLY_FLUSH_BYTES / body.len()) as u64 * 2 + 3;
+        let entries = (1..=n).map(|i| openraft::Entry::<TypeConfig> {
+            log_id: log_id(1, 0, i),
+            payload: EntryPayload::Normal(Entry {
+                now_ms: 1000,
+                commands: vec![Command::Publish {
+                    queue: QueueName::new("ns", "q"),
+                    job: NewJob {
+                        id: JobId(u128::from(i)),
+                        key: None,
+                        body: body.clone(),
+                        attributes: Default::default(),
+                        due: Due::After(0),
+                        ttl_ms: None,
+                        tries: 1,
+                        ttr_ms: 1000,
+                        priority: 0,
+                    },
+                }],
+            }),
+        });
+        let replies = sm.apply(entries).await.expect("apply");
+        assert_eq!(replies.len() as u64, n);
+        let view = sm.read_view().expect("view");
+        assert_eq!(view.last_applied().expect("last applied"), Some(log_id(1, 0, n)));
+        let meta = delayd_core::query::queue_meta(&view, &QueueName::new("ns", "q")).expect("meta");
+        assert_eq!(meta.count(delayd_core::JobState::Ready), n);
+        for i in 1..=n {
+            let job = delayd_core::query::job(&view, &QueueName::new("ns", "q"), JobId(i.into()));
+            assert!(job.expect("read").is_some_and(|j| j.body == body), "job {i}");
+        }
     }
 
     #[tokio::test]
