@@ -19,6 +19,12 @@
 //! leave a `client_write` unanswered (a deposed leader that catches up by snapshot), so an
 //! entry that is not answered within `timeout` frees its in-flight slot and its requests get
 //! 503 "outcome unknown" instead of stalling every later write and the timer pump.
+//!
+//! Load shedding: the bytes of requests queued or in flight are bounded by
+//! [`PENDING_ENTRIES`] entries' worth. What the disks cannot take within the request timeout
+//! (say, 80 concurrent 1 MiB publishes on three nodes sharing one disk) is refused at once with
+//! 503 "nothing was written" — a clear answer the client can retry — instead of waiting in
+//! line until its deadline passes with an unknown outcome.
 
 use delayd_core::{Command, Entry, Outcome};
 use delayd_store::Raft;
@@ -36,6 +42,9 @@ struct Pending {
     bytes: usize,
     reply: oneshot::Sender<Result<Vec<Outcome>, ServiceError>>,
 }
+
+/// How many full entries' worth of request bytes may be queued or in flight at once.
+pub const PENDING_ENTRIES: usize = 4;
 
 /// How the proposer packs and times entries.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +67,8 @@ pub struct Proposer {
     tx: mpsc::Sender<Pending>,
     max_entry_bytes: usize,
     timeout: Duration,
+    /// One permit per byte of request queued or in flight.
+    pending_bytes: Arc<Semaphore>,
 }
 
 impl Proposer {
@@ -70,7 +81,13 @@ impl Proposer {
         };
         let (tx, rx) = mpsc::channel(config.max_batch * 4);
         tokio::spawn(run(raft, clock, rx, config));
-        Proposer { tx, max_entry_bytes: config.max_entry_bytes, timeout: config.timeout }
+        let pending_bytes = Arc::new(Semaphore::new(config.max_entry_bytes * PENDING_ENTRIES));
+        Proposer {
+            tx,
+            max_entry_bytes: config.max_entry_bytes,
+            timeout: config.timeout,
+            pending_bytes,
+        }
     }
 
     /// Proposes `commands` atomically (they land in the same entry) and returns their
@@ -84,6 +101,15 @@ impl Proposer {
                 self.max_entry_bytes
             )));
         }
+        // Held until the outcome is known (or the deadline passed).
+        let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
+        let Ok(_pending) = self.pending_bytes.clone().try_acquire_many_owned(permits) else {
+            return Err(ServiceError::Unavailable(format!(
+                "overloaded: {} bytes of writes are already waiting for the log; nothing was \
+                 written, retry later",
+                self.max_entry_bytes * PENDING_ENTRIES
+            )));
+        };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.timeout;
         let queued =

@@ -58,7 +58,7 @@ pub struct Settings {
     /// Largest job body accepted, in bytes [default: 1048576].
     #[arg(long, env = "DELAYD_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
-    /// Largest Raft log entry, in bytes; a bulk publish must fit one [default: 8388608].
+    /// Largest Raft log entry, in bytes; a bulk publish must fit one [default: 4194304].
     #[arg(long, env = "DELAYD_MAX_ENTRY_BYTES")]
     pub max_entry_bytes: Option<usize>,
     /// How far ahead a delay, due time, ttl or ttr may reach, in s [default: 315360000, 10
