@@ -307,10 +307,8 @@ impl Node {
         // began; only a later one is sure to see a token created before it.
         let arrived = catch_ups.started.load(Ordering::SeqCst);
         let mut last = catch_ups.last.lock().await;
-        if let Some((n, outcome)) = &*last {
-            if *n > arrived {
-                return outcome.clone();
-            }
+        if let Some((_, outcome)) = last.as_ref().filter(|(n, _)| *n > arrived) {
+            return outcome.clone();
         }
         let n = catch_ups.started.fetch_add(1, Ordering::SeqCst) + 1;
         self.inner.metrics.token_catch_up();
