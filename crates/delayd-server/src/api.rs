@@ -5,13 +5,22 @@
 //! in [`crate::service`], so validation and error messages are the HTTP API's. Service errors
 //! become gRPC statuses in exactly one place, [`status`].
 //!
+//! Every call is authenticated from its metadata before its message is read ([`Authenticated`],
+//! which [`server`] always puts in front), and messages are bounded by the node's largest log
+//! entry ([`max_request_bytes`], [`max_reply_bytes`]): a caller without a credential cannot
+//! make the node buffer or decode anything, and one with a credential nothing that could not
+//! be written anyway.
+//!
 //! What gRPC adds:
 //!
 //! - **PublishStream**: each inbound message is a batch for one queue. Batches are proposed
 //!   as they arrive, up to [`MAX_BATCHES_IN_FLIGHT`] at once per stream (the proposer packs
 //!   concurrent batches into few log entries), and the single reply lists every batch's result
 //!   in the order sent. A failed batch does not fail the stream: the other batches were
-//!   committed, and a client must be able to tell which.
+//!   committed, and a client must be able to tell which. A stream carries at most
+//!   [`MAX_STREAM_BATCHES`] batches, so that its reply stays bounded: the server answers once
+//!   it has that many, and batches sent after them are neither read nor written (the reply
+//!   has fewer results than batches were sent).
 //! - **ReserveStream**: credit-based push. A reader task takes credit grants and acks off the
 //!   inbound stream; a reserver task long-polls [`Node::reserve`] for at most the outstanding
 //!   credit and pushes what it gets, so the server never holds more leases for a worker than
@@ -29,6 +38,7 @@
 //! certainly was not.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -40,7 +50,9 @@ use futures::future::join_all;
 use futures::Stream;
 use openraft::ServerState;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
 use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::server::NamedService;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::auth::{Access, Principal};
@@ -58,8 +70,16 @@ pub const LEADER_ADDR_HEADER: &str = "x-delayd-leader-addr";
 pub const WRITTEN_HEADER: &str = "x-delayd-written";
 
 /// Most publish batches of one stream being proposed at once; the next batch is read only
-/// when one finishes, which pushes back on the client through HTTP/2 flow control.
-pub const MAX_BATCHES_IN_FLIGHT: usize = 64;
+/// when one finishes, which pushes back on the client through HTTP/2 flow control. Each may
+/// hold up to a log entry's worth of bodies, so this bounds what one stream holds in memory
+/// to a few entries; a handful in flight already lets the proposer pack them together.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 8;
+/// Most batches one publish stream carries: its reply lists a result per batch, which must
+/// stay far below [`max_reply_bytes`] (a result of [`MAX_BULK`] ids is about 2 KiB).
+pub const MAX_STREAM_BATCHES: usize = 1024;
+/// Most acks of one reserve stream being committed at once; the next message of the stream
+/// is read only when one finishes.
+pub const MAX_ACKS_IN_FLIGHT: usize = 64;
 /// Most items in one batched ack, release, touch or bury.
 pub const MAX_BATCH_ITEMS: usize = 1000;
 /// How long one long-poll of a reserve stream waits before it polls again.
@@ -114,33 +134,113 @@ pub struct Api {
     node: Weak<Inner>,
 }
 
-/// The `delayd.v1.Delayd` service over `node`, with the node's message size limits.
-pub fn server(node: &Node) -> DelaydServer<Api> {
-    // Room for a full bulk batch of maximal bodies and their framing.
-    let limit = node.config().max_body_bytes.saturating_mul(MAX_BULK).saturating_add(1 << 20);
-    DelaydServer::new(Api { node: Arc::downgrade(&node.inner) })
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit)
+/// Room for a message's protobuf framing beyond the log entry it becomes (field tags and
+/// lengths, options, queue names).
+pub const MESSAGE_FRAMING_BYTES: usize = 64 << 10;
+
+/// Most job bodies one reserve hands out at once (the state machine's bound), which sizes
+/// the largest reply.
+pub const RESERVE_REPLY_BODY_BYTES: usize = 8 << 20;
+
+/// The largest request message the client API decodes: whatever a request carries must fit
+/// one log entry ([`Config::max_entry_bytes`](crate::Config::max_entry_bytes)), so a larger
+/// message is refused (`OUT_OF_RANGE`) before it is buffered whole.
+pub fn max_request_bytes(config: &crate::Config) -> usize {
+    config.max_entry_bytes.saturating_add(MESSAGE_FRAMING_BYTES)
+}
+
+/// The largest reply message the client API encodes: a reserve's bodies (at most
+/// [`RESERVE_REPLY_BODY_BYTES`], or one entry's worth, which a single job may fill) and as
+/// much again for the metadata of its jobs (keys, attributes).
+pub fn max_reply_bytes(config: &crate::Config) -> usize {
+    config
+        .max_entry_bytes
+        .max(RESERVE_REPLY_BODY_BYTES)
+        .saturating_mul(2)
+        .saturating_add(MESSAGE_FRAMING_BYTES)
+}
+
+/// The `delayd.v1.Delayd` service over `node`, with message size limits derived from the
+/// node's configuration, behind its credential check ([`Authenticated`]).
+pub fn server(node: &Node) -> Authenticated<DelaydServer<Api>> {
+    let config = node.config();
+    let api = DelaydServer::new(Api { node: Arc::downgrade(&node.inner) })
+        .max_decoding_message_size(max_request_bytes(config))
+        .max_encoding_message_size(max_reply_bytes(config));
+    Authenticated { inner: api, node: Arc::downgrade(&node.inner) }
+}
+
+/// The client API behind its credential check: a tower service in front of the generated
+/// server that authenticates the `authorization: Bearer` or `x-token` metadata (see
+/// [`crate::auth`]) from the request head, before the body is read. A caller without a valid
+/// credential is answered `UNAUTHENTICATED` without the server decoding (or even receiving)
+/// its message; an authenticated caller's [`Principal`] travels to the handler in the
+/// request's extensions, where no client can put one.
+#[derive(Clone)]
+pub struct Authenticated<S> {
+    inner: S,
+    node: Weak<Inner>,
+}
+
+impl<S: NamedService> NamedService for Authenticated<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for Authenticated<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        // The service that was polled ready serves this call; a fresh clone waits for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let node = self.node.upgrade().map(|inner| Node { inner });
+        Box::pin(async move {
+            let Some(node) = node else {
+                return Ok(Status::unavailable("node is shutting down").into_http());
+            };
+            let headers = request.headers();
+            let credential = crate::auth::credential_in(
+                |name| headers.get(name).and_then(|v| v.to_str().ok()),
+                None,
+            );
+            match node.authenticate(credential.as_deref()).await {
+                Ok(principal) => {
+                    request.extensions_mut().insert(principal);
+                    inner.call(request).await
+                }
+                Err(e) => Ok(fail(&node, &e).into_http()),
+            }
+        })
+    }
 }
 
 impl Api {
-    fn node(&self) -> Result<Node, Status> {
-        self.node
+    /// The node and the caller [`Authenticated`] resolved for this request.
+    fn caller<T>(&self, request: &Request<T>) -> Result<(Node, Principal), Status> {
+        let node = self
+            .node
             .upgrade()
             .map(|inner| Node { inner })
-            .ok_or_else(|| Status::unavailable("node is shutting down"))
-    }
-
-    /// The node and the authenticated caller, from the `authorization: Bearer` or `x-token`
-    /// metadata (see [`crate::auth`]).
-    async fn caller<T>(&self, request: &Request<T>) -> Result<(Node, Principal), Status> {
-        let node = self.node()?;
-        let meta = request.metadata();
-        let credential =
-            crate::auth::credential_in(|name| meta.get(name).and_then(|v| v.to_str().ok()), None);
-        match node.authenticate(credential.as_deref()).await {
-            Ok(p) => Ok((node, p)),
-            Err(e) => Err(fail(&node, &e)),
+            .ok_or_else(|| Status::unavailable("node is shutting down"))?;
+        // Only `server` builds an `Api`, always behind `Authenticated`: a request without a
+        // principal is a wiring bug, refused rather than let through.
+        match request.extensions().get::<Principal>() {
+            Some(p) => Ok((node, p.clone())),
+            None => Err(Status::internal("the request skipped the credential check")),
         }
     }
 }
@@ -396,7 +496,15 @@ async fn read_stream(
     mut done: watch::Receiver<bool>,
 ) {
     use pb::reserve_stream_request::Msg;
+    let acks = Arc::new(Semaphore::new(MAX_ACKS_IN_FLIGHT));
     loop {
+        // An ack slot before the next message: a client acking faster than acks commit is
+        // slowed down instead of spawning without bound.
+        let slot = tokio::select! {
+            s = acks.clone().acquire_owned() => s,
+            _ = done.wait_for(|d| *d) => break,
+        };
+        let Ok(slot) = slot else { break };
         let msg = tokio::select! {
             m = inbound.message() => m,
             _ = done.wait_for(|d| *d) => break,
@@ -409,6 +517,7 @@ async fn read_stream(
                 let (node, out, caller) = (node.clone(), out.clone(), caller.clone());
                 // Acks run beside the stream so a slow commit never delays credit.
                 tokio::spawn(async move {
+                    let _slot = slot;
                     let checked = match node.revalidate(&caller).await {
                         Ok(()) => job_ref(&node, &caller, &r),
                         Err(e) => Err(e),
@@ -534,7 +643,7 @@ impl Delayd for Api {
         &self,
         request: Request<pb::PublishRequest>,
     ) -> Result<Response<pb::PublishReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let r = request.into_inner();
         let result = async {
             let queue = queue(&node, &caller, &r.namespace, &r.queue, Access::Write)?;
@@ -549,11 +658,11 @@ impl Delayd for Api {
         &self,
         request: Request<Streaming<pb::PublishBatch>>,
     ) -> Result<Response<pb::PublishStreamReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let mut inbound = request.into_inner();
         let slots = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
         let mut batches = Vec::new();
-        loop {
+        while batches.len() < MAX_STREAM_BATCHES {
             let permit = slots
                 .clone()
                 .acquire_owned()
@@ -583,7 +692,7 @@ impl Delayd for Api {
         &self,
         request: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let r = request.into_inner();
         let result = async {
             let queues = queues(&node, &caller, &r.namespace, &r.queues)?;
@@ -610,7 +719,7 @@ impl Delayd for Api {
         request: Request<Streaming<pb::ReserveStreamRequest>>,
     ) -> Result<Response<ReplyStream>, Status> {
         use pb::reserve_stream_request::Msg;
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let mut inbound = request.into_inner();
         let first = match inbound.message().await? {
             Some(pb::ReserveStreamRequest { msg: Some(Msg::Subscribe(s)) }) => Ok(s),
@@ -652,7 +761,7 @@ impl Delayd for Api {
     }
 
     async fn ack(&self, request: Request<pb::JobRef>) -> Result<Response<pb::AckReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let r = request.into_inner();
         answer(&node, ack_one(&node, &caller, r).await.map(|removed| pb::AckReply { removed }))
     }
@@ -661,17 +770,17 @@ impl Delayd for Api {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::Job>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         answer(&node, release_one(&node, &caller, request.into_inner()).await)
     }
 
     async fn touch(&self, request: Request<pb::TouchRequest>) -> Result<Response<pb::Job>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         answer(&node, touch_one(&node, &caller, request.into_inner()).await)
     }
 
     async fn bury(&self, request: Request<pb::JobRef>) -> Result<Response<pb::Job>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         answer(&node, bury_one(&node, &caller, request.into_inner()).await)
     }
 
@@ -679,7 +788,7 @@ impl Delayd for Api {
         &self,
         request: Request<pb::AckBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let items = request.into_inner().items;
         let result = batch(items, |r| async {
             ack_one(&node, &caller, r)
@@ -693,7 +802,7 @@ impl Delayd for Api {
         &self,
         request: Request<pb::ReleaseBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let items = request.into_inner().items;
         let result = batch(items, |r| async { release_one(&node, &caller, r).await.map(job_item) });
         answer(&node, result.await)
@@ -703,7 +812,7 @@ impl Delayd for Api {
         &self,
         request: Request<pb::TouchBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let items = request.into_inner().items;
         let result = batch(items, |r| async { touch_one(&node, &caller, r).await.map(job_item) });
         answer(&node, result.await)
@@ -713,14 +822,14 @@ impl Delayd for Api {
         &self,
         request: Request<pb::BuryBatchRequest>,
     ) -> Result<Response<pb::BatchReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let items = request.into_inner().items;
         let result = batch(items, |r| async { bury_one(&node, &caller, r).await.map(job_item) });
         answer(&node, result.await)
     }
 
     async fn peek(&self, request: Request<pb::PeekRequest>) -> Result<Response<pb::Job>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let r = request.into_inner();
         let result = async {
             let queue = queue(&node, &caller, &r.namespace, &r.queue, Access::Read)?;
@@ -739,7 +848,7 @@ impl Delayd for Api {
         &self,
         request: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StatsReply>, Status> {
-        let (node, caller) = self.caller(&request).await?;
+        let (node, caller) = self.caller(&request)?;
         let r = request.into_inner();
         let result = async {
             let queue = queue(&node, &caller, &r.namespace, &r.queue, Access::Read)?;

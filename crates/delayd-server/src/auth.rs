@@ -14,6 +14,7 @@
 //! `--dev` flag, and nothing else) every request is let through.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -97,10 +98,26 @@ fn looks_like_token(t: &str) -> bool {
     t.len() == 32 && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// The rate limiters of the namespace tokens this node has seen.
+/// The rate limiters of the namespace tokens this node has seen, and the node's catch-ups
+/// for tokens it does not know.
 #[derive(Default)]
 pub struct Auth {
     limiters: Mutex<HashMap<String, Limiter>>,
+    catch_ups: CatchUps,
+}
+
+/// A follower's catch-ups with the leader before it refuses an unknown token, coalesced: one
+/// runs at a time, and every check that arrived before it started shares its outcome. A check
+/// arriving while one runs waits for the next (the running one may have asked the leader
+/// before the token was created), which then serves every check that queued up meanwhile. So
+/// any number of concurrent bad tokens costs the leader at most one read-index round trip per
+/// follower at a time, and a token created before a check began is still always seen.
+#[derive(Default)]
+struct CatchUps {
+    /// How many catch-ups have started on this node; each is numbered by this count.
+    started: AtomicU64,
+    /// Held while a catch-up runs. The number and outcome of the last one that finished.
+    last: tokio::sync::Mutex<Option<(u64, Result<(), String>)>>,
 }
 
 impl Auth {
@@ -271,7 +288,7 @@ impl Node {
         // follower can be behind; a miss there costs one read-index round trip. Only for
         // strings shaped like our tokens, so garbage never reaches the leader.
         if record.is_none() && !self.is_leader() && looks_like_token(token) {
-            self.read_barrier().await.map_err(|e| {
+            self.catch_up_for_token().await.map_err(|e| {
                 ServiceError::Unavailable(format!("cannot check the token with the leader: {e}"))
             })?;
             record = self.read(true, |v| query::token(v, token)).await?;
@@ -280,6 +297,26 @@ impl Node {
             Some(record) => Ok(Principal::Namespace { token: token.to_string(), record }),
             None => Err(ServiceError::Unauthenticated("unknown token".into())),
         }
+    }
+
+    /// Waits until this replica has applied everything the leader had committed at some point
+    /// after this call began, sharing the round trip with concurrent callers ([`CatchUps`]).
+    async fn catch_up_for_token(&self) -> Result<(), String> {
+        let catch_ups = &self.inner.auth.catch_ups;
+        // Catch-ups numbered up to `arrived` may have asked the leader before this check
+        // began; only a later one is sure to see a token created before it.
+        let arrived = catch_ups.started.load(Ordering::SeqCst);
+        let mut last = catch_ups.last.lock().await;
+        if let Some((_, outcome)) = last.as_ref().filter(|(n, _)| *n > arrived) {
+            return outcome.clone();
+        }
+        let n = catch_ups.started.fetch_add(1, Ordering::SeqCst) + 1;
+        self.inner.metrics.token_catch_up();
+        // If this future is dropped halfway, `last` keeps the older outcome and the next
+        // check in line runs its own catch-up.
+        let outcome = self.read_barrier().await.map_err(|e| e.to_string());
+        *last = Some((n, outcome.clone()));
+        outcome
     }
 
     /// Checks that `principal` may use `namespace`'s data plane, and takes the request from

@@ -58,7 +58,30 @@ impl From<delayd_core::KvError> for ServiceError {
 }
 
 impl From<delayd_store::StoreError> for ServiceError {
+    /// A snapshot install makes the replica unreadable for its duration: that is a transient
+    /// refusal (retry, or ask another node), not a fault. Anything else from storage is.
     fn from(e: delayd_store::StoreError) -> Self {
-        ServiceError::Internal(e.to_string())
+        match e {
+            delayd_store::StoreError::Installing => ServiceError::Unavailable(
+                "this node is installing a snapshot from the leader and cannot read its state \
+                 right now; retry shortly or ask another node"
+                    .into(),
+            ),
+            e => ServiceError::Internal(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delayd_store::StoreError;
+
+    #[test]
+    fn a_read_during_a_snapshot_install_is_unavailable_not_internal() {
+        let e = ServiceError::from(StoreError::Installing);
+        assert!(matches!(&e, ServiceError::Unavailable(m) if m.contains("snapshot")), "{e:?}");
+        let e = ServiceError::from(StoreError::Corrupt("x".into()));
+        assert!(matches!(e, ServiceError::Internal(_)), "{e:?}");
     }
 }

@@ -118,8 +118,19 @@ pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let internal = InterceptedService::new(internal, guard);
-    Server::builder().add_service(raft).add_service(internal).add_optional_service(api)
+    Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .add_service(raft)
+        .add_service(internal)
+        .add_optional_service(api)
 }
+
+/// Most calls one HTTP/2 connection may have open at once (hyper sets no limit of its own
+/// under tonic). A client past it waits for one of its calls to finish (HTTP/2 flow control,
+/// nothing is refused), so one connection cannot hold an unbounded number of calls and their
+/// buffers. Generous, because a follower forwards every write of its own clients to the
+/// leader over one connection, beside its votes: a low limit would make those wait.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 
 /// Serves the node's internal gRPC services on `listener` until `shutdown` completes, then
 /// stops accepting connections and waits for calls in flight.

@@ -107,6 +107,7 @@ pub struct Metrics {
     http_seconds: HistogramVec,
     grpc_requests: IntCounterVec,
     grpc_seconds: HistogramVec,
+    token_catch_ups: IntCounter,
 
     jobs_events: JobCounters,
     timer_lateness: Histogram,
@@ -219,6 +220,11 @@ impl Metrics {
                 &["method"],
                 REQUEST_SECONDS,
             )?,
+            token_catch_ups: b.add(IntCounter::new(
+                "delayd_token_catch_ups_total",
+                "Read barriers a follower ran to check tokens it did not know (shared by the \
+                 checks that arrived while one ran).",
+            ))?,
             jobs_events,
             timer_lateness: b.add(Histogram::with_opts(
                 HistogramOpts::new(
@@ -340,6 +346,11 @@ impl Metrics {
     pub fn grpc_request(&self, method: &str, code: &str, took: Duration) {
         self.grpc_requests.with_label_values(&[method, code]).inc();
         self.grpc_seconds.with_label_values(&[method]).observe(took.as_secs_f64());
+    }
+
+    /// Counts one catch-up with the leader for unknown tokens ([`crate::auth`]).
+    pub fn token_catch_up(&self) {
+        self.token_catch_ups.inc();
     }
 
     /// Counts a leader newly seen by the leader watch.

@@ -483,3 +483,81 @@ async fn streams_stop_serving_a_deleted_token() {
     drop(tx);
     t.node.shutdown().await;
 }
+
+/// The value of an unlabelled counter in the node's `/metrics`.
+async fn counter(t: &TestNode, name: &str) -> f64 {
+    let req = Request::get("/metrics").header("x-token", ADMIN).body(Body::empty()).unwrap();
+    let resp = t.router.clone().oneshot(req).await.unwrap();
+    let text =
+        String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).expect(name);
+    line[name.len() + 1..].trim().parse().unwrap()
+}
+
+/// A follower checks a token it does not know with the leader before refusing it (it may have
+/// just been created there), but concurrent checks share that round trip: a flood of bad
+/// tokens costs the leader a few read barriers, not one each. A token created through one
+/// node still works at once on every other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_coalesces_its_checks_of_unknown_tokens() {
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        addrs.push(l.local_addr().unwrap());
+    }
+    let members: std::collections::BTreeMap<u64, String> =
+        (1u64..).zip(&addrs).map(|(id, a)| (id, a.to_string())).collect();
+    let auth = AuthConfig { admin_token: Some(ADMIN.into()), ..AuthConfig::default() };
+    let nodes = futures::future::join_all((1u64..).zip(&addrs).map(|(id, addr)| {
+        let config = Config {
+            node_id: id,
+            grpc_addr: *addr,
+            initial_members: members.clone(),
+            auth: auth.clone(),
+            ..Config::default()
+        };
+        async move {
+            let (node, dir) = common::start_node(config).await;
+            TestNode { router: http::router(node.clone()), node, _dir: dir }
+        }
+    }))
+    .await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let leader = loop {
+        let known: Vec<_> =
+            nodes.iter().map(|n| n.node.raft().metrics().borrow().current_leader).collect();
+        if let Some(l) = known[0].filter(|l| known.iter().all(|k| *k == Some(*l))) {
+            break l;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader agreed on: {known:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let followers: Vec<&TestNode> =
+        nodes.iter().filter(|n| n.node.config().node_id != leader).collect();
+
+    // Created through one follower, used at once on the other.
+    let token = followers[0].create_token("ns1", "").await;
+    let (s, v) = followers[1].call(Method::GET, "/api/ns1/q/size", Some(&token)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+
+    // Many distinct token-shaped strings at once: every one refused, few round trips.
+    const N: usize = 200;
+    let f = followers[1];
+    let before = counter(f, "delayd_token_catch_ups_total").await;
+    let answers = futures::future::join_all((0..N).map(|i| async move {
+        let bogus = format!("{i:032x}");
+        f.call(Method::GET, "/api/ns1/q/size", Some(&bogus)).await.0
+    }))
+    .await;
+    assert!(answers.iter().all(|s| *s == StatusCode::UNAUTHORIZED), "{answers:?}");
+    let catch_ups = counter(f, "delayd_token_catch_ups_total").await - before;
+    assert!((1.0..=(N / 10) as f64).contains(&catch_ups), "{catch_ups} catch-ups for {N} checks");
+
+    // A token created after that flood is still seen at once.
+    let token = followers[0].create_token("ns1", "").await;
+    let (s, v) = followers[1].call(Method::GET, "/api/ns1/q/size", Some(&token)).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    for n in nodes {
+        n.node.shutdown().await;
+    }
+}

@@ -612,3 +612,127 @@ async fn reserve_stream_refuses_bad_subscriptions_and_ends_on_shutdown() {
     tokio::time::timeout(Duration::from_secs(10), stop).await.unwrap().unwrap();
     drop((tx, node));
 }
+
+const ADMIN: &str = "admin-token-for-tests-0123456789";
+
+fn secured() -> Config {
+    Config {
+        auth: delayd_server::config::AuthConfig {
+            admin_token: Some(ADMIN.into()),
+            ..Default::default()
+        },
+        ..Config::default()
+    }
+}
+
+/// Adds the admin token to a request.
+fn admin<T>(message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut().insert("x-token", ADMIN.parse().unwrap());
+    r
+}
+
+/// A caller without a valid credential is refused from the request head: the server neither
+/// waits for nor decodes its message.
+#[tokio::test]
+async fn the_credential_is_checked_before_the_message_is_read() {
+    use tower::ServiceExt;
+    let t = TestNode::start_with(secured()).await;
+
+    // A publish whose 4 MiB message never finishes arriving: only a check made before the
+    // body is read can answer it.
+    let channel = Channel::from_shared(format!("http://{}", t.node.config().advertised()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // A gRPC frame header announcing 4 MiB, 1 KiB of it, then nothing: the body never ends.
+    let hanging = || {
+        let mut head = vec![0u8];
+        head.extend_from_slice(&(4u32 << 20).to_be_bytes());
+        head.extend_from_slice(&[7u8; 1024]);
+        let first = futures::stream::once(async move { Ok::<_, std::io::Error>(head) });
+        let body = futures::StreamExt::chain(first, futures::stream::pending());
+        tonic::body::Body::new(axum::body::Body::from_stream(body))
+    };
+    for token in [None, Some("0123456789abcdef0123456789abcdef"), Some("not-a-token")] {
+        let mut req = tonic::codegen::http::Request::post("/delayd.v1.Delayd/Publish")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers");
+        if let Some(token) = token {
+            req = req.header("x-token", token);
+        }
+        let req = req.body(hanging()).unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), channel.clone().oneshot(req))
+            .await
+            .expect("answered without waiting for the message")
+            .unwrap();
+        let status = answer.headers().get("grpc-status").map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED for {token:?}");
+    }
+
+    // A whole 4 MiB publish without a credential: refused, nothing written.
+    let big = publish_req(Q, vec![1u8; 4 << 20], pb::JobOptions::default());
+    assert_status(t.c().publish(big).await, Code::Unauthenticated, "token is required");
+    let req = admin(pb::StatsRequest { namespace: NS.into(), queue: Q.into(), stale: false });
+    let s = t.c().stats(req).await.unwrap().into_inner();
+    assert_eq!((s.ready, s.delayed), (0, 0));
+    // With it, the same client gets through.
+    let small = admin(publish_req(Q, b"x".to_vec(), pb::JobOptions::default()));
+    t.c().publish(small).await.unwrap();
+    t.stop().await;
+}
+
+/// Messages are bounded by the largest log entry, not by bodies × bulk size: a bulk that
+/// could never be one entry is refused by the decoder, and nothing is written.
+#[tokio::test]
+async fn a_message_larger_than_an_entry_is_refused_unread() {
+    let config =
+        Config { max_body_bytes: 128 << 10, max_entry_bytes: 256 << 10, ..Config::default() };
+    assert_eq!(api::max_request_bytes(&config), (256 << 10) + api::MESSAGE_FRAMING_BYTES);
+    let t = TestNode::start_with(config).await;
+    let bodies =
+        |n: usize| pb::PublishBatch { bodies: vec![vec![3u8; 100 << 10]; n], ..batch(1, None) };
+    // 400 KiB of bodies, each under the body limit: over the 320 KiB message limit.
+    let r = t.c().publish_stream(futures::stream::iter(vec![bodies(4)])).await;
+    let s = r.expect_err("refused");
+    assert!(matches!(s.code(), Code::OutOfRange | Code::ResourceExhausted), "{s:?}");
+    assert_eq!(t.stats().await.ready, 0, "nothing written");
+    // 200 KiB fits.
+    let r = t.c().publish_stream(futures::stream::iter(vec![bodies(2)])).await.unwrap();
+    assert!(r.into_inner().batches[0].error.is_none());
+    assert_eq!(t.stats().await.ready, 2);
+    t.stop().await;
+}
+
+/// One stream carries a bounded number of batches (its reply lists them all): the server
+/// answers once it has that many, having written exactly those, each answered in order.
+#[tokio::test]
+async fn a_publish_stream_answers_at_most_its_bound_of_batches() {
+    let t = TestNode::start().await;
+    let sent = api::MAX_STREAM_BATCHES + 10;
+    let batches = (0..sent)
+        .map(|i| pb::PublishBatch { bodies: vec![format!("{i}").into_bytes()], ..batch(1, None) });
+    let mut client = t.c();
+    let call = client.publish_stream(futures::stream::iter(batches));
+    let reply = tokio::time::timeout(Duration::from_secs(60), call)
+        .await
+        .expect("answered")
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.batches.len(), api::MAX_STREAM_BATCHES);
+    assert!(reply.batches.iter().all(|b| b.error.is_none() && b.job_ids.len() == 1));
+    assert_eq!(t.stats().await.ready, api::MAX_STREAM_BATCHES as u64);
+    // Answered in the order sent: result i names the job with body i.
+    for (i, b) in reply.batches.iter().enumerate().step_by(97) {
+        let req = pb::PeekRequest {
+            namespace: NS.into(),
+            queue: Q.into(),
+            job_id: b.job_ids[0].clone(),
+            stale: false,
+        };
+        let job = t.c().peek(req).await.unwrap().into_inner();
+        assert_eq!(job.body, format!("{i}").into_bytes(), "batch {i}");
+    }
+    t.stop().await;
+}

@@ -261,7 +261,17 @@ impl Shared {
         Ok(Some((record.meta.clone(), file)))
     }
 
+    /// A new file for an incoming snapshot. openraft receives one snapshot at a time and
+    /// starts a new transfer only by dropping the one under way, so files handed out before
+    /// belong to abandoned transfers: they are removed here rather than left full-size until
+    /// the next successful install. (A file still open elsewhere stays readable; `install`
+    /// copies a file it no longer finds.) Files of a transfer cut off by a restart are
+    /// removed when the store opens.
     fn begin_receiving(&self) -> Result<File, StoreError> {
+        let abandoned = std::mem::take(&mut *lock(&self.receiving));
+        for path in &abandoned {
+            snapshot::remove_if_exists(path)?;
+        }
         let path = self.dir.tmp_path(self.next_file());
         let file = OpenOptions::new()
             .read(true)
@@ -702,6 +712,42 @@ mod tests {
         assert_eq!(dump(&sm_f), before);
         assert!(sm_f.get_current_snapshot().await.expect("current").is_none());
         assert!(snapshot_files(follower_dir.path()).is_empty());
+    }
+
+    /// Only `.tmp` files: what abandoned transfers may leave behind.
+    fn temp_files(dir: &Path) -> Vec<String> {
+        snapshot_files(dir).into_iter().filter(|n| n.ends_with(".tmp")).collect()
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_transfer_leaves_no_temporary_file() {
+        let (leader_dir, follower_dir) =
+            (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let (_log_l, mut sm_l) = leader(leader_dir.path()).await;
+        let mut built = sm_l.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        let bytes = read_snapshot(&mut built).await;
+
+        // A transfer that stops halfway, then a new one: the first file must go.
+        let (log_f, mut sm_f) = open(follower_dir.path());
+        let mut first = sm_f.begin_receiving_snapshot().await.expect("begin");
+        first.write_all(&bytes[..bytes.len() / 2]).await.expect("write");
+        first.flush().await.expect("flush");
+        assert_eq!(temp_files(follower_dir.path()).len(), 1);
+        let mut second = sm_f.begin_receiving_snapshot().await.expect("begin again");
+        assert_eq!(temp_files(follower_dir.path()).len(), 1, "the abandoned file is removed");
+        // Even if the abandoned handle is written and installed after all, it still works.
+        first.write_all(&bytes[bytes.len() / 2..]).await.expect("write rest");
+        sm_f.install_snapshot(&built.meta, first).await.expect("install the first");
+        assert_eq!(dump(&sm_f), dump(&sm_l));
+        assert!(temp_files(follower_dir.path()).is_empty());
+
+        // A transfer cut off by a restart leaves nothing behind either.
+        second.write_all(&bytes[..10]).await.expect("write");
+        let _third = sm_f.begin_receiving_snapshot().await.expect("begin");
+        drop((log_f, sm_f, second));
+        assert_eq!(temp_files(follower_dir.path()).len(), 1);
+        let (_log_f, _sm_f) = open(follower_dir.path());
+        assert!(temp_files(follower_dir.path()).is_empty());
     }
 
     #[tokio::test]
