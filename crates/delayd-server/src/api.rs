@@ -138,10 +138,6 @@ pub struct Api {
 /// lengths, options, queue names).
 pub const MESSAGE_FRAMING_BYTES: usize = 64 << 10;
 
-/// Most job bodies one reserve hands out at once (the state machine's bound), which sizes
-/// the largest reply.
-pub const RESERVE_REPLY_BODY_BYTES: usize = 8 << 20;
-
 /// The largest request message the client API decodes: whatever a request carries must fit
 /// one log entry ([`Config::max_entry_bytes`](crate::Config::max_entry_bytes)), so a larger
 /// message is refused (`OUT_OF_RANGE`) before it is buffered whole.
@@ -150,12 +146,12 @@ pub fn max_request_bytes(config: &crate::Config) -> usize {
 }
 
 /// The largest reply message the client API encodes: a reserve's bodies (at most
-/// [`RESERVE_REPLY_BODY_BYTES`], or one entry's worth, which a single job may fill) and as
+/// [`delayd_core::limits::MAX_RESERVE_BYTES`], or one entry's worth, which a single job may fill) and as
 /// much again for the metadata of its jobs (keys, attributes).
 pub fn max_reply_bytes(config: &crate::Config) -> usize {
     config
         .max_entry_bytes
-        .max(RESERVE_REPLY_BODY_BYTES)
+        .max(delayd_core::limits::MAX_RESERVE_BYTES)
         .saturating_mul(2)
         .saturating_add(MESSAGE_FRAMING_BYTES)
 }
