@@ -222,7 +222,8 @@ impl Command {
     /// variable-length parts (body, key, attributes, names) plus a fixed allowance for the
     /// rest. The proposer bounds an entry's size with it without encoding anything.
     pub fn size_bytes(&self) -> usize {
-        const FIXED: usize = 64;
+        // Tags, varint lengths and the fixed-width fields: about 80 bytes at their widest.
+        const FIXED: usize = 128;
         let queue = |q: &QueueName| q.namespace.len() + q.queue.len();
         let job = |j: &NewJob| {
             j.body.len()

@@ -93,6 +93,37 @@ fn command() -> impl Strategy<Value = Command> {
     ]
 }
 
+/// Publishes with every variable part at its widest: long names, keys, attributes, bodies.
+fn wide_publish() -> impl Strategy<Value = Command> {
+    (
+        "[a-z]{1,255}",
+        "[a-z]{1,255}",
+        prop::option::of("[a-z]{1,255}"),
+        prop::collection::btree_map("[a-z]{1,64}", "[a-z]{0,1024}", 0..16),
+        0usize..5000,
+        any::<u128>(),
+        (time(), prop::option::of(time()), time(), any::<u16>(), any::<u32>()),
+    )
+        .prop_map(
+            |(ns, q, key, attributes, body, id, (due, ttl_ms, ttr_ms, tries, priority))| {
+                Command::Publish {
+                    queue: QueueName::new(&ns, &q),
+                    job: NewJob {
+                        id: JobId(id),
+                        key,
+                        body: vec![0xff; body],
+                        attributes,
+                        due: Due::At(due),
+                        ttl_ms,
+                        tries,
+                        ttr_ms,
+                        priority,
+                    },
+                }
+            },
+        )
+}
+
 fn count(kv: &MemKv, cf: Cf) -> u64 {
     let prefix = keys::queue(&queue());
     let mut n = 0;
@@ -134,5 +165,17 @@ proptest! {
             prop_assert_eq!(meta.count(JobState::Ready), count(&kv, Cf::Ready));
             prop_assert_eq!(meta.count(JobState::Dead), count(&kv, Cf::Dead));
         }
+    }
+}
+
+proptest! {
+    /// The proposer bounds an entry's bytes with `Command::size_bytes`; it must never be
+    /// below what the command really takes in the log.
+    #[test]
+    fn size_bytes_is_an_upper_bound_of_the_encoded_size(
+        command in prop_oneof![wide_publish(), command()]
+    ) {
+        let encoded = delayd_core::codec::encode(&command).len();
+        prop_assert!(encoded <= command.size_bytes(), "{encoded} > {}", command.size_bytes());
     }
 }
