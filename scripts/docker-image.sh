@@ -9,14 +9,7 @@ cd "$(dirname "$0")/.."
 
 # An image is what gets deployed: the release build unless DELAYD_BIN names another (CI
 # passes its debug build, to keep to one build profile).
-bin=${DELAYD_BIN:-target/release/delayd}
-if [ ! -x "$bin" ]; then
-  case "$bin" in
-    target/release/delayd) cargo build --release -p delayd ;;
-    target/debug/delayd) cargo build -p delayd ;;
-    *) echo "DELAYD_BIN=$bin is not an executable" >&2; exit 1 ;;
-  esac
-fi
+. scripts/delayd-bin.sh
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 

@@ -14,14 +14,7 @@ n=${1:-3}
 data=${DATA:-./cluster-data}
 http_base=${HTTP_BASE:-7770}
 grpc_base=${GRPC_BASE:-7870}
-bin=${DELAYD_BIN:-target/release/delayd}
-if [ ! -x "$bin" ]; then
-  case "$bin" in
-    target/release/delayd) cargo build --release -p delayd ;;
-    target/debug/delayd) cargo build -p delayd ;;
-    *) echo "DELAYD_BIN=$bin is not an executable" >&2; exit 1 ;;
-  esac
-fi
+. scripts/delayd-bin.sh
 
 peers=""
 for i in $(seq 1 "$n"); do

@@ -1009,28 +1009,11 @@ mod bounded_work {
         // 10 dead jobs of 3 MiB: the byte bound lets a command touch three of them.
         let body = 3 << 20;
         publish(&mut kv, 1, 1..11, body, 0);
-        run(
-            &mut kv,
-            2,
-            vec![Command::Reserve {
-                queues: vec![queue()],
-                count: 100,
-                ttr_ms: None,
-                lease_seed: 1,
-            }],
-        );
-        // The reserve itself stopped at its byte bound; take the rest.
+        // Each reserve stops at its own byte bound; reserve until every job is taken.
         while counts(&kv)[JobState::Ready.index()] > 0 {
-            run(
-                &mut kv,
-                2,
-                vec![Command::Reserve {
-                    queues: vec![queue()],
-                    count: 100,
-                    ttr_ms: None,
-                    lease_seed: 1,
-                }],
-            );
+            let reserve =
+                Command::Reserve { queues: vec![queue()], count: 100, ttr_ms: None, lease_seed: 1 };
+            run(&mut kv, 2, vec![reserve]);
         }
         for id in 1..11 {
             run(&mut kv, 3, vec![Command::Bury { queue: queue(), id: JobId(id), lease: None }]);
