@@ -66,6 +66,10 @@ const NODE_HEADER: &str = "x-delayd-node";
 /// Metadata key set to `no` on errors that certainly wrote nothing.
 const WRITTEN_HEADER: &str = "x-delayd-written";
 
+/// Most batches one `PublishStream` carries: the server answers once it has that many and
+/// reads no further, so the client refuses longer streams instead of losing their tail.
+pub const MAX_STREAM_BATCHES: usize = 1024;
+
 /// Why a call failed.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
@@ -511,6 +515,13 @@ impl Client {
         &self,
         batches: Vec<PublishBatch>,
     ) -> Result<Vec<BatchResult>, Error> {
+        if batches.len() > MAX_STREAM_BATCHES {
+            return Err(Error::Invalid(format!(
+                "a publish stream carries at most {MAX_STREAM_BATCHES} batches, not {}",
+                batches.len()
+            )));
+        }
+        let sent = batches.len();
         let keyed = batches.iter().all(|b| !b.keys.is_empty());
         let retry = if keyed { Retry::Safe } else { Retry::Unsafe };
         let r = self
@@ -523,6 +534,12 @@ impl Client {
                 }
             })
             .await?;
+        if r.batches.len() != sent {
+            return Err(Error::Internal(format!(
+                "the server answered {} of {sent} batches",
+                r.batches.len()
+            )));
+        }
         Ok(r.batches)
     }
 

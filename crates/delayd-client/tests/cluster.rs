@@ -227,3 +227,28 @@ async fn keyed_publish_is_retried_into_one_job_and_unkeyed_is_ambiguous() {
     assert_eq!(c.ready("idem").await, 1);
     c.stop().await;
 }
+
+/// The server answers a publish stream after its 1024th batch and reads no further; the
+/// client refuses a longer stream up front, with nothing written, rather than lose its tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_publish_stream_longer_than_the_servers_bound_is_refused_whole() {
+    let c = Cluster::start().await;
+    let client = Client::connect(&[c.addrs[&c.leader().await].clone()]).await.unwrap();
+    let batch = delayd_client::PublishBatch {
+        namespace: NS.into(),
+        queue: "streamed".into(),
+        bodies: vec![b"x".to_vec()],
+        options: Some(JobOptions::default()),
+        keys: Vec::new(),
+    };
+    let e = client
+        .publish_stream(vec![batch.clone(); delayd_client::MAX_STREAM_BATCHES + 1])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Invalid(ref m) if m.contains("at most 1024")), "{e}");
+    assert_eq!(c.ready("streamed").await, 0);
+    let results = client.publish_stream(vec![batch; 3]).await.unwrap();
+    assert_eq!(results.len(), 3);
+    assert_eq!(c.ready("streamed").await, 3);
+    c.stop().await;
+}
