@@ -146,12 +146,15 @@ fn lease_token(seed: u64, i: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The head of a queue's ready index: `(index key, id)` of each job, and the key after them.
+type ReadyHead = (Vec<(Vec<u8>, JobId)>, Vec<u8>);
+
 /// One entry's application: the overlay, the clock and the effects being collected.
 struct Tx<'t, 'a, R: KvRead + ?Sized> {
     kv: &'t mut Overlay<'a, R>,
     now: u64,
     effects: &'t mut Effects,
-    /// Bytes of job records loaded so far: what bounds the work of one command
+    /// Bytes of job records the current command has loaded: what bounds its work
     /// ([`MAX_WORK_BYTES_PER_COMMAND`]), since every record loaded may be rewritten.
     loaded_bytes: Cell<usize>,
 }
@@ -160,6 +163,8 @@ type Result2<T> = Result<Result<T, Rejection>, KvError>;
 
 impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     fn command(&mut self, command: &Command) -> Result<Outcome, KvError> {
+        // Each command has its own budget, whatever else shares its entry.
+        self.loaded_bytes.set(0);
         match command {
             Command::Publish { queue, job } => self.publish(queue, job),
             Command::Republish { queue, old, job } => {
@@ -457,12 +462,10 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         limit: u32,
         ttl_ms: Option<u64>,
     ) -> Result<Reply, KvError> {
-        let want = limit.min(MAX_JOBS_PER_COMMAND) as usize;
-        let ids = self.scan_ids(Cf::Dead, &keys::queue(queue), want.saturating_add(1))?;
-        let mut more = ids.len() > want;
+        let (ids, mut more) = self.chunk(Cf::Dead, queue, limit)?;
         let mut n = 0;
-        for id in ids.into_iter().take(want) {
-            if self.loaded_bytes.get() > MAX_WORK_BYTES_PER_COMMAND {
+        for id in ids {
+            if self.work_spent() {
                 more = true;
                 break;
             }
@@ -499,7 +502,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         let mut fired = 0;
         let mut more = more;
         for (key, payload) in due {
-            if self.loaded_bytes.get() > MAX_WORK_BYTES_PER_COMMAND {
+            if self.work_spent() {
                 // Large jobs: the rest waits for the next tick, which starts here.
                 self.kv.put(Cf::Meta, keys::META_TIMERS_FLOOR.to_vec(), key);
                 more = true;
@@ -604,15 +607,30 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         Ok(())
     }
 
-    /// Removes up to `limit` (at most [`MAX_JOBS_PER_COMMAND`]) jobs of `queue` listed in
-    /// the index `cf`, oldest first, stopping early past [`MAX_WORK_BYTES_PER_COMMAND`].
-    fn remove_chunk(&mut self, cf: Cf, queue: &QueueName, limit: u32) -> Result<Reply, KvError> {
+    /// The ids a chunked command works on: the first `limit` (at most
+    /// [`MAX_JOBS_PER_COMMAND`]) of `queue` in the index `cf`, and whether more are left.
+    fn chunk(&self, cf: Cf, queue: &QueueName, limit: u32) -> Result<(Vec<JobId>, bool), KvError> {
         let want = limit.min(MAX_JOBS_PER_COMMAND) as usize;
-        let ids = self.scan_ids(cf, &keys::queue(queue), want.saturating_add(1))?;
-        let mut more = ids.len() > want;
+        let mut ids = self.scan_ids(cf, &keys::queue(queue), want.saturating_add(1))?;
+        let more = ids.len() > want;
+        ids.truncate(want);
+        Ok((ids, more))
+    }
+
+    /// Whether the current command has loaded its [`MAX_WORK_BYTES_PER_COMMAND`]: it stops
+    /// before the next job and reports `more`. Checked before a load, so a command always
+    /// makes progress.
+    fn work_spent(&self) -> bool {
+        self.loaded_bytes.get() > MAX_WORK_BYTES_PER_COMMAND
+    }
+
+    /// Removes up to `limit` jobs of `queue` listed in the index `cf`, oldest first, in one
+    /// chunk (see [`Tx::chunk`] and [`Tx::work_spent`]).
+    fn remove_chunk(&mut self, cf: Cf, queue: &QueueName, limit: u32) -> Result<Reply, KvError> {
+        let (ids, mut more) = self.chunk(cf, queue, limit)?;
         let mut count = 0;
-        for id in ids.into_iter().take(want) {
-            if self.loaded_bytes.get() > MAX_WORK_BYTES_PER_COMMAND {
+        for id in ids {
+            if self.work_spent() {
                 more = true;
                 break;
             }
@@ -800,12 +818,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
 
     /// The first `want` ready jobs of `queue` (index key and id), scanning from the queue's
     /// floor, and the key the floor moves to once they have all left the index.
-    #[allow(clippy::type_complexity)]
-    fn head_of_ready(
-        &self,
-        queue: &QueueName,
-        want: usize,
-    ) -> Result<(Vec<(Vec<u8>, JobId)>, Vec<u8>), KvError> {
+    fn head_of_ready(&self, queue: &QueueName, want: usize) -> Result<ReadyHead, KvError> {
         let prefix = keys::queue(queue);
         let end = keys::prefix_end(&prefix);
         let from = self.kv.get(Cf::Meta, &keys::floor(queue))?.unwrap_or_else(|| prefix.clone());

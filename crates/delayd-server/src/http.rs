@@ -593,14 +593,6 @@ async fn dead_size(
         .into_response())
 }
 
-fn limit(p: &Params, max: u32) -> Result<u32, ApiError> {
-    let n = p.num::<u32>("limit")?.unwrap_or(1);
-    if n == 0 || n > max {
-        return Err(bad(format!("limit must be 1 to {max}")));
-    }
-    Ok(n)
-}
-
 async fn dead_jobs(
     State(node): State<Node>,
     QueueRef(queue): QueueRef,
@@ -627,7 +619,8 @@ async fn respawn(
     Query(params): Q,
 ) -> ApiResult {
     let p = Params(params);
-    let n = limit(&p, 10_000)?;
+    // Bounded by the service, like every protocol's respawn.
+    let n = p.num::<u32>("limit")?.unwrap_or(1);
     let ttl_ms = match p.secs("ttl")? {
         None => Some(86_400_000),
         Some(0) => None,
@@ -638,7 +631,7 @@ async fn respawn(
 }
 
 async fn purge(State(node): State<Node>, QueueRef(queue): QueueRef, Query(params): Q) -> ApiResult {
-    let n = limit(&Params(params), 10_000)?;
+    let n = Params(params).num::<u32>("limit")?.unwrap_or(1);
     node.purge(queue, n).await?;
     Ok(no_content())
 }

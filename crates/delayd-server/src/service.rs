@@ -31,9 +31,9 @@ pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 1024;
 pub const MAX_KEY_BYTES: usize = 255;
 /// The outer bound of the `max_horizon` setting: lmstfy's parameters are 32-bit seconds.
 pub const MAX_HORIZON_LIMIT: Duration = Duration::from_secs(u32::MAX as u64);
-/// Most jobs a respawn or purge may name (it runs in chunks of
+/// Most jobs one respawn or purge may name (it runs in chunks of
 /// [`delayd_core::limits::MAX_JOBS_PER_COMMAND`]).
-pub const MAX_BULK_LIMIT: u32 = 100_000;
+pub const MAX_DEAD_LETTER_LIMIT: u32 = 10_000;
 /// Most jobs in one bulk publish.
 pub const MAX_BULK: usize = 64;
 /// Most jobs one reserve may take.
@@ -261,19 +261,6 @@ impl Node {
         Ok(())
     }
 
-    /// Refuses commands that cannot fit in one log entry together.
-    fn check_entry(&self, commands: &[Command]) -> Result<(), ServiceError> {
-        let limit = self.inner.config.max_entry_bytes;
-        let size: usize = commands.iter().map(Command::size_bytes).sum();
-        if size > limit {
-            return Err(ServiceError::TooLarge(format!(
-                "the request needs {size} bytes in the log, more than one entry holds \
-                 ({limit}, max_entry_bytes); send fewer or smaller jobs"
-            )));
-        }
-        Ok(())
-    }
-
     fn new_job(p: &PublishParams, body: Vec<u8>) -> NewJob {
         NewJob {
             id: JobId(ulid::Ulid::new().0),
@@ -351,7 +338,7 @@ impl Node {
             commands
                 .push(Command::Publish { queue: queue.clone(), job: Self::new_job(params, body) });
         }
-        self.check_entry(&commands)?;
+        // Whether they fit one log entry together is the proposer's check (413).
         let mut ids = Vec::with_capacity(commands.len());
         for outcome in self.write(commands).await? {
             match reply(outcome)? {
@@ -595,8 +582,8 @@ impl Node {
     ) -> Result<u64, ServiceError> {
         let mut done = 0u64;
         while done < total {
-            let want = (total - done).min(delayd_core::limits::MAX_JOBS_PER_COMMAND.into());
-            let want = u32::try_from(want).unwrap_or(u32::MAX);
+            // The state machine caps each command at its own bound.
+            let want = u32::try_from(total - done).unwrap_or(u32::MAX);
             match self.write_one(command(want)).await? {
                 Reply::Count { count, more } => {
                     done += count;
@@ -611,8 +598,10 @@ impl Node {
     }
 
     fn check_limit(limit: u32) -> Result<(), ServiceError> {
-        if limit == 0 || limit > MAX_BULK_LIMIT {
-            return Err(ServiceError::BadRequest(format!("limit must be 1 to {MAX_BULK_LIMIT}")));
+        if limit == 0 || limit > MAX_DEAD_LETTER_LIMIT {
+            return Err(ServiceError::BadRequest(format!(
+                "limit must be 1 to {MAX_DEAD_LETTER_LIMIT}"
+            )));
         }
         Ok(())
     }
