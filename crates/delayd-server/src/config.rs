@@ -289,4 +289,20 @@ mod tests {
         let c = Config { node_id: 3, initial_members: m, ..Config::default() };
         assert!(c.validate().expect_err("not a member").contains("do not include"));
     }
+
+    #[test]
+    fn entry_body_and_horizon_limits_are_checked_together() {
+        let err = |c: Config| c.validate().expect_err("invalid");
+        assert!(err(Config { max_entry_bytes: 1024, ..Config::default() })
+            .contains("max_entry_bytes (1024) must be"));
+        assert!(err(Config { max_entry_bytes: 64 << 20, ..Config::default() })
+            .contains("max_entry_bytes"));
+        let body_too_big = Config { max_body_bytes: 4 << 20, ..Config::default() };
+        assert!(err(body_too_big).contains("every legal publish must fit one log entry"));
+        assert!(err(Config { max_horizon: Duration::ZERO, ..Config::default() })
+            .contains("max_horizon_s (0)"));
+        let beyond = Duration::from_secs(u64::from(u32::MAX) + 1);
+        assert!(err(Config { max_horizon: beyond, ..Config::default() }).contains("32-bit"));
+        assert_eq!(Config::default().validate(), Ok(()));
+    }
 }
