@@ -135,9 +135,23 @@ async fn three_voters() -> Result<(Vec<TestNode>, usize)> {
     Ok((nodes, leader))
 }
 
+/// Writes an empty entry through the leader. A leader refuses writes until a quorum has
+/// acknowledged it within its lease (openraft 0.10), which on a loaded machine can lag the
+/// election: that refusal names no other leader, and the write is tried again.
 async fn write(raft: &Raft, now_ms: u64) -> Result<u64> {
-    let resp = raft.client_write(delayd_core::Entry { now_ms, commands: vec![] }).await?;
-    Ok(resp.log_id.index)
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match raft.client_write(delayd_core::Entry { now_ms, commands: vec![] }).await {
+            Ok(resp) => return Ok(resp.log_id.index),
+            Err(e)
+                if e.forward_to_leader().is_some_and(|f| f.leader_id.is_none())
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

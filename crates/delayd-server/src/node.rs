@@ -53,7 +53,7 @@ impl Node {
     /// Opens the store under `config.data_dir`, starts the cluster node and its gRPC server on
     /// `config.grpc_addr` (the internal services and the client API), and forms the cluster
     /// on first start (a restart finds it formed; a `join` node waits to be added).
-    pub async fn start(config: Config) -> Result<Node, ServiceError> {
+    pub async fn start(mut config: Config) -> Result<Node, ServiceError> {
         config.validate().map_err(ServiceError::BadRequest)?;
         if !config.auth.dev && config.auth.admin_token.is_none() {
             // Peers authenticate each other with the admin token; without one (and without
@@ -73,6 +73,8 @@ impl Node {
             Listener { waiters: waiters.clone(), auth: auth.clone(), metrics: metrics.clone() };
         let cluster =
             Cluster::open(config.cluster(), Arc::new(listener), metrics.store().clone()).await?;
+        // With port 0 (tests) the cluster bound a port of the OS's choice: advertise it.
+        config.grpc_addr = cluster.config().grpc_addr;
         let node = Node { inner: Arc::new(Inner { config, cluster, waiters, auth, metrics }) };
         let api =
             crate::metrics::GrpcMetered::new(crate::api::server(&node), node.inner.metrics.clone());
