@@ -327,3 +327,26 @@ async fn a_voter_is_removed_and_the_rest_keep_working() -> Result {
     c.stop_all().await;
     Ok(())
 }
+
+/// A slow link between a follower and the leader slows the follower's forwarded writes by
+/// about its delay, and loses nothing; the leader keeps its term (heartbeats still arrive
+/// well within the election timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_link_slows_forwarding_but_loses_nothing() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, term) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let pause = Duration::from_millis(40);
+    c.faults.slow(follower, leader, pause);
+    let started = Instant::now();
+    let acked = vec![c.publish(follower).await?, c.publish(follower).await?];
+    // Each forwarded write waited for the link at least once.
+    assert!(started.elapsed() >= pause * 2, "{:?}", started.elapsed());
+    c.faults.heal();
+    assert_eq!(c.agreed_leader().await?, (leader, term));
+    for id in 1..=3 {
+        c.holds(id, &acked).await?;
+    }
+    c.stop_all().await;
+    Ok(())
+}

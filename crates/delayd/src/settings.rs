@@ -86,13 +86,13 @@ pub struct Settings {
     /// Log entries kept behind a snapshot [default: 10000].
     #[arg(long, env = "DELAYD_KEEP_LOGS")]
     pub keep_logs: Option<u64>,
-    /// Raft heartbeat interval, also each replication RPC's timeout, in ms [default: 100].
+    /// Raft heartbeat interval, also each replication RPC's timeout, in ms [default: 75].
     #[arg(long, env = "DELAYD_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
-    /// Shortest election timeout, in ms [default: 400].
+    /// Shortest election timeout, in ms [default: 300].
     #[arg(long, env = "DELAYD_ELECTION_TIMEOUT_MIN_MS")]
     pub election_timeout_min_ms: Option<u64>,
-    /// Longest election timeout, also the leader's lease, in ms [default: 600].
+    /// Longest election timeout, also the leader's lease, in ms [default: 400].
     #[arg(long, env = "DELAYD_ELECTION_TIMEOUT_MAX_MS")]
     pub election_timeout_max_ms: Option<u64>,
     /// How long a stopping leader waits for a voter to take over, in ms [default: 2000].
