@@ -562,6 +562,24 @@ async fn await_healthy(
     }
 }
 
+/// The leader and term all nodes agree on, read right before a fault (bounded: 10 s).
+async fn await_agreed(client: &Client, nodes: &[u64]) -> anyhow::Result<LeaderTerm> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = views(client, nodes).await;
+        if let Some(lt) = agreed(&seen) {
+            return Ok(lt);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "the nodes did not agree on a leader before the fault: {}",
+                describe(nodes, &seen)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Whether the leader's `/admin/cluster` shows every node as a reachable voter with no lag.
 fn cluster_ready(v: &Value, nodes: &[u64]) -> Result<(), String> {
     let voters: Vec<u64> =
@@ -723,13 +741,14 @@ async fn leader_window(
     queue: &str,
     trial: &mut Trial,
 ) -> anyhow::Result<Window> {
-    let before = await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await?;
-    trial.before = Some(before);
-    let target = before.leader;
-    trial.target = target;
+    await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await?;
     let origin = Instant::now();
     let load = Load::start(&ctx.load_client, &ctx.nodes, queue, ctx.pause, origin);
     load.warm_up(&ctx.nodes).await?;
+    let before = await_agreed(&ctx.client, &ctx.nodes).await?;
+    trial.before = Some(before);
+    let target = before.leader;
+    trial.target = target;
     let kill = scenario == Scenario::KillLeader;
     let (fault_us, exited_us) = on_backend(&ctx.backend, move |b| {
         let t = since_us(origin);
@@ -782,14 +801,15 @@ async fn follower_window(
     queue: &str,
     trial: &mut Trial,
 ) -> anyhow::Result<Window> {
-    let before = await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await?;
+    await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await?;
+    let origin = Instant::now();
+    let load = Load::start(&ctx.load_client, &ctx.nodes, queue, ctx.pause, origin);
+    load.warm_up(&ctx.nodes).await?;
+    let before = await_agreed(&ctx.client, &ctx.nodes).await?;
     trial.before = Some(before);
     let followers: Vec<u64> = ctx.nodes.iter().copied().filter(|n| *n != before.leader).collect();
     let target = followers[(trial.trial as usize).saturating_sub(1) % followers.len()];
     trial.target = target;
-    let origin = Instant::now();
-    let load = Load::start(&ctx.load_client, &ctx.nodes, queue, ctx.pause, origin);
-    load.warm_up(&ctx.nodes).await?;
     let (hold, partition) = match scenario {
         Scenario::PauseFollower => (PAUSE_HOLD, None),
         _ => (PARTITION_HOLD, ctx.partition),
