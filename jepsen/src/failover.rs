@@ -150,6 +150,11 @@ pub struct Trial {
     /// Fault → first successful publish sent after it through a survivor, in ms (leader
     /// scenarios).
     pub failover_ms: Option<f64>,
+    /// Diagnostic (leader scenarios): fault → a survivor's `/health` first names a new
+    /// leader (polled every 50 ms), in ms.
+    pub leader_seen_ms: Option<f64>,
+    /// Wall-clock time of the fault (unix ms), to find it in the node logs.
+    pub fault_unix_ms: u64,
     /// Longest interval without any successful publish, in ms.
     pub gap_ms: Option<f64>,
     /// Leader and term unchanged (follower scenarios).
@@ -366,6 +371,13 @@ struct Load {
     attempts: Arc<Mutex<Vec<Attempt>>>,
     acked: Arc<Mutex<Vec<String>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
 }
 
 fn since_us(origin: Instant) -> u64 {
@@ -762,17 +774,39 @@ async fn leader_window(
     .await
     .with_context(|| format!("signalling leader {target}"))?;
 
+    trial.fault_unix_ms = unix_ms() - (since_us(origin) - fault_us) / 1000;
+    let survivors: Vec<u64> = ctx.nodes.iter().copied().filter(|n| *n != target).collect();
     let deadline = tokio::time::Instant::now() + FAILOVER_WITHIN;
-    let first = loop {
-        if let Some(t) = first_survivor_success(&load.snapshot(), target, fault_us) {
-            break Some(t);
+    let published = async {
+        loop {
+            if let Some(t) = first_survivor_success(&load.snapshot(), target, fault_us) {
+                return Some(t);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if tokio::time::Instant::now() >= deadline {
-            break None;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
     };
+    // Diagnostic: when a survivor's /health first names a new leader.
+    let elected = async {
+        loop {
+            for n in &survivors {
+                if let Some(l) = ctx.client.leader_seen_by(index(*n)).await {
+                    if l != target {
+                        return Some(since_us(origin));
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (first, elected) = tokio::join!(published, elected);
     trial.failover_ms = first.map(|t| (t - fault_us) as f64 / 1000.0);
+    trial.leader_seen_ms = elected.map(|t| t.saturating_sub(fault_us) as f64 / 1000.0);
     if first.is_none() {
         trial.error = Some(format!(
             "no publish succeeded through a survivor within {}s",
@@ -787,7 +821,6 @@ async fn leader_window(
     if end_us > now {
         tokio::time::sleep(Duration::from_micros(end_us - now)).await;
     }
-    let survivors: Vec<u64> = ctx.nodes.iter().copied().filter(|n| *n != target).collect();
     let seen = views(&ctx.client, &survivors).await;
     trial.after = majority(&seen, ctx.nodes.len());
     let (attempts, acked) = load.stop().await;
@@ -832,6 +865,7 @@ async fn follower_window(
     })
     .await
     .with_context(|| format!("hurting follower {target}"))?;
+    trial.fault_unix_ms = unix_ms() - (since_us(origin) - fault_us) / 1000;
     tokio::time::sleep(hold).await;
     on_backend(
         &ctx.backend,
@@ -899,11 +933,12 @@ fn trial_line(scenario: Scenario, trials: u32, t: &Trial) -> String {
     let mut s = format!("  {} trial {}/{}: ", scenario.name(), t.trial, trials);
     if scenario.hurts_leader() {
         s.push_str(&format!(
-            "{} leader {} ({}); first publish through a survivor after {}; longest gap {}; \
-             then {}",
+            "{} leader {} ({}); new leader named after {}, first publish through a survivor \
+             after {}; longest gap {}; then {}",
             if scenario == Scenario::KillLeader { "killed" } else { "SIGTERMed" },
             t.target,
             lt(t.before),
+            ms(t.leader_seen_ms),
             ms(t.failover_ms),
             ms(t.gap_ms),
             lt(t.after)
