@@ -13,10 +13,12 @@
 //!
 //! Figures (all times on the harness's monotonic clock):
 //!
-//! - **failover**: from the moment just before the signal (`kill -9` or SIGTERM) to the
-//!   completion of the first successful publish sent *after* it through a surviving node.
-//!   Its resolution is one request (the pause plus the request's latency; at worst the
-//!   per-request timeout, when a request was hung at the moment a leader appeared).
+//! - **failover**: from the moment the old leader can no longer serve — just before the
+//!   `kill -9`; for SIGTERM, once the process has exited, since a stopping leader may go on
+//!   committing what survivors forward to it — to the completion of the first successful
+//!   publish sent *after* that moment through a surviving node. Its resolution is one request
+//!   (the pause plus the request's latency; at worst the per-request timeout, when a request
+//!   was hung at the moment a leader appeared). For SIGTERM the gap is the headline figure.
 //! - **gap**: the longest interval with no successful publish on any node, from the last
 //!   success before the fault to the end of the trial's observation window.
 //! - **unchanged**: whether all three nodes report the same leader and Raft term after the
@@ -147,9 +149,12 @@ pub struct Trial {
     /// Every node's (id, leader, term) at the end of the observation window (follower
     /// scenarios).
     pub views: Vec<(u64, Option<u64>, Option<u64>)>,
-    /// Fault → first successful publish sent after it through a survivor, in ms (leader
-    /// scenarios).
+    /// Leader scenarios: from the kill, or from the SIGTERMed process's exit, to the first
+    /// successful publish sent after that moment through a survivor, in ms.
     pub failover_ms: Option<f64>,
+    /// Leader scenarios: from the signal until the process had exited (the backend's kill or
+    /// stop returned), in ms.
+    pub exit_ms: Option<f64>,
     /// Diagnostic (leader scenarios): fault → a survivor's `/health` first names a new
     /// leader (polled every 50 ms), in ms.
     pub leader_seen_ms: Option<f64>,
@@ -216,8 +221,8 @@ impl Report {
     /// The results as a markdown table, one row per scenario.
     pub fn markdown(&self) -> String {
         let mut s = String::from(
-            "| scenario | backend | trials | failover ms, median / max | longest gap ms, \
-             median / max | leader & term unchanged | acked | lost | unverified |\n\
+            "| scenario | backend | trials | failover ms (from the kill / the exit), median / max \
+             | longest gap ms, median / max | leader & term unchanged | acked | lost | unverified |\n\
              |---|---|---|---|---|---|---|---|---|\n",
         );
         for r in &self.results {
@@ -775,11 +780,15 @@ async fn leader_window(
     .with_context(|| format!("signalling leader {target}"))?;
 
     trial.fault_unix_ms = unix_ms() - (since_us(origin) - fault_us) / 1000;
+    trial.exit_ms = Some(exited_us.saturating_sub(fault_us) as f64 / 1000.0);
+    // A killed leader is gone at once; a SIGTERMed one may go on serving (also requests a
+    // survivor forwards to it) until it exits, so its failover counts from the exit.
+    let base_us = if kill { fault_us } else { exited_us };
     let survivors: Vec<u64> = ctx.nodes.iter().copied().filter(|n| *n != target).collect();
     let deadline = tokio::time::Instant::now() + FAILOVER_WITHIN;
     let published = async {
         loop {
-            if let Some(t) = first_survivor_success(&load.snapshot(), target, fault_us) {
+            if let Some(t) = first_survivor_success(&load.snapshot(), target, base_us) {
                 return Some(t);
             }
             if tokio::time::Instant::now() >= deadline {
@@ -805,7 +814,7 @@ async fn leader_window(
         }
     };
     let (first, elected) = tokio::join!(published, elected);
-    trial.failover_ms = first.map(|t| (t - fault_us) as f64 / 1000.0);
+    trial.failover_ms = first.map(|t| (t - base_us) as f64 / 1000.0);
     trial.leader_seen_ms = elected.map(|t| t.saturating_sub(fault_us) as f64 / 1000.0);
     if first.is_none() {
         trial.error = Some(format!(
@@ -933,13 +942,15 @@ fn trial_line(scenario: Scenario, trials: u32, t: &Trial) -> String {
     let mut s = format!("  {} trial {}/{}: ", scenario.name(), t.trial, trials);
     if scenario.hurts_leader() {
         s.push_str(&format!(
-            "{} leader {} ({}); new leader named after {}, first publish through a survivor \
-             after {}; longest gap {}; then {}",
+            "{} leader {} ({}); exited after {}; new leader named after {}; first publish \
+             through a survivor {} after the {}; longest gap {}; then {}",
             if scenario == Scenario::KillLeader { "killed" } else { "SIGTERMed" },
             t.target,
             lt(t.before),
+            ms(t.exit_ms),
             ms(t.leader_seen_ms),
             ms(t.failover_ms),
+            if scenario == Scenario::KillLeader { "kill" } else { "exit" },
             ms(t.gap_ms),
             lt(t.after)
         ));
