@@ -553,7 +553,7 @@ fn describe(nodes: &[u64], seen: &[Option<(Option<u64>, u64)>]) -> String {
 
 /// Waits until every node answers, all agree on one leader and term, the leader counts all
 /// of them as voters, reachable, and none lags behind the newest log. Returns the leader.
-async fn await_healthy(
+pub async fn await_healthy(
     client: &Client,
     nodes: &[u64],
     within: Duration,
@@ -633,8 +633,9 @@ async fn restore(ctx: &Ctx) -> anyhow::Result<LeaderTerm> {
     await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await
 }
 
-/// Looks up every acknowledged job; returns the lost ids and the count that got no answer.
-async fn verify(
+/// Looks up every job of `ids` in `queue` through the `nodes` nodes of `client`; returns the
+/// lost ids (two nodes answered 404) and how many got no answer in time.
+pub async fn verify(
     client: &Client,
     nodes: usize,
     queue: &str,
