@@ -2,8 +2,9 @@
 //! dies or stops, whether a paused or partitioned follower disturbs the leader, and whether
 //! anything acknowledged is lost — all measured from outside, against real processes.
 //!
-//! Each [`Scenario`] starts a fresh cluster on a [`crate::backend`] and runs its trials on it.
-//! In every trial one publisher per node publishes in a loop through that node only (a job
+//! Each trial of a [`Scenario`] starts a fresh cluster on a [`crate::backend`] (the nodes'
+//! in-memory Raft state would otherwise carry over and bias the next trial; see
+//! [`Options::reuse_cluster`]). In every trial one publisher per node publishes in a loop through that node only (a job
 //! with a one-hour delay into a queue of the trial's own, a short per-request timeout, a short
 //! pause after every attempt). After a warm-up in which every publisher succeeded, the fault
 //! is injected; when the trial is over the load stops, the cluster is healed and restarted
@@ -13,12 +14,12 @@
 //!
 //! Figures (all times on the harness's monotonic clock):
 //!
-//! - **failover**: from the moment the old leader can no longer serve — just before the
-//!   `kill -9`; for SIGTERM, once the process has exited, since a stopping leader may go on
-//!   committing what survivors forward to it — to the completion of the first successful
-//!   publish sent *after* that moment through a surviving node. Its resolution is one request
-//!   (the pause plus the request's latency; at worst the per-request timeout, when a request
-//!   was hung at the moment a leader appeared). For SIGTERM the gap is the headline figure.
+//! - **failover**: from the moment the old leader's process was seen gone (the backend's kill
+//!   or stop returned: until then it may go on committing, also what survivors forward to it)
+//!   to the completion of the first successful publish sent *after* that moment through a
+//!   surviving node. Its resolution is one request (the pause plus the request's latency; at
+//!   worst the per-request timeout, when a request was hung at the moment a leader appeared).
+//! - **exited**: from the signal to the moment the process was seen gone.
 //! - **gap**: the longest interval with no successful publish on any node, from the last
 //!   success before the fault to the end of the trial's observation window.
 //! - **unchanged**: whether all three nodes report the same leader and Raft term after the
@@ -38,6 +39,8 @@ use reqwest::Method;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::backend::docker::DockerBackend;
+use crate::backend::Backend;
 use crate::client::{Answer, Client, NAMESPACE};
 use crate::nemesis::{on_backend, SharedBackend};
 use crate::run::{new_backend, BackendKind, Teardown};
@@ -112,8 +115,10 @@ pub struct Options {
     pub backend: BackendKind,
     /// Trials per scenario.
     pub trials: u32,
-    /// The delayd binary (local backend; the docker backend runs the image `delayd:local`).
+    /// The delayd binary (local backend).
     pub bin: PathBuf,
+    /// The image the docker backend runs.
+    pub image: String,
     /// The repository root (docker-compose.yml).
     pub repo: PathBuf,
     /// The directory under which this measurement's directory is made.
@@ -124,6 +129,11 @@ pub struct Options {
     pub pause: Duration,
     /// Each publish's client-side timeout.
     pub publish_timeout: Duration,
+    /// Keep one cluster for all of a scenario's trials (healed and restarted in between)
+    /// instead of a fresh one per trial. Trials are then not independent: openraft 0.9 draws
+    /// a node's election timeout once per process, and a node whose vote request was refused
+    /// for a shorter log waits an extra 2 × election_timeout_max before its next election.
+    pub reuse_cluster: bool,
 }
 
 /// A leader and the Raft term it leads in.
@@ -149,8 +159,8 @@ pub struct Trial {
     /// Every node's (id, leader, term) at the end of the observation window (follower
     /// scenarios).
     pub views: Vec<(u64, Option<u64>, Option<u64>)>,
-    /// Leader scenarios: from the kill, or from the SIGTERMed process's exit, to the first
-    /// successful publish sent after that moment through a survivor, in ms.
+    /// Leader scenarios: from the old leader's exit (the backend's kill or stop returned) to
+    /// the first successful publish sent after that moment through a survivor, in ms.
     pub failover_ms: Option<f64>,
     /// Leader scenarios: from the signal until the process had exited (the backend's kill or
     /// stop returned), in ms.
@@ -221,7 +231,7 @@ impl Report {
     /// The results as a markdown table, one row per scenario.
     pub fn markdown(&self) -> String {
         let mut s = String::from(
-            "| scenario | backend | trials | failover ms (from the kill / the exit), median / max \
+            "| scenario | backend | trials | failover ms (from the old leader's exit), median / max \
              | longest gap ms, median / max | leader & term unchanged | acked | lost | unverified |\n\
              |---|---|---|---|---|---|---|---|---|\n",
         );
@@ -782,9 +792,10 @@ async fn leader_window(
 
     trial.fault_unix_ms = unix_ms() - (since_us(origin) - fault_us) / 1000;
     trial.exit_ms = Some(exited_us.saturating_sub(fault_us) as f64 / 1000.0);
-    // A killed leader is gone at once; a SIGTERMed one may go on serving (also requests a
-    // survivor forwards to it) until it exits, so its failover counts from the exit.
-    let base_us = if kill { fault_us } else { exited_us };
+    // Until the process is gone the old leader may go on committing, also what survivors
+    // forward to it: a SIGTERMed one while it shuts down, a killed container until the daemon
+    // has delivered the signal. So failover counts from the exit the backend saw.
+    let base_us = exited_us;
     let survivors: Vec<u64> = ctx.nodes.iter().copied().filter(|n| *n != target).collect();
     let deadline = tokio::time::Instant::now() + FAILOVER_WITHIN;
     let published = async {
@@ -944,14 +955,13 @@ fn trial_line(scenario: Scenario, trials: u32, t: &Trial) -> String {
     if scenario.hurts_leader() {
         s.push_str(&format!(
             "{} leader {} ({}); exited after {}; new leader named after {}; first publish \
-             through a survivor {} after the {}; longest gap {}; then {}",
+             through a survivor {} after the exit; longest gap {}; then {}",
             if scenario == Scenario::KillLeader { "killed" } else { "SIGTERMed" },
             t.target,
             lt(t.before),
             ms(t.exit_ms),
             ms(t.leader_seen_ms),
             ms(t.failover_ms),
-            if scenario == Scenario::KillLeader { "kill" } else { "exit" },
             ms(t.gap_ms),
             lt(t.after)
         ));
@@ -993,7 +1003,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     println!("failover measurement: {} trials per scenario; output {}", opts.trials, dir.display());
     if opts.backend == BackendKind::Docker {
-        println!("docker backend: the nodes run the image delayd:local (--bin is not used)");
+        println!("docker backend: the nodes run the image {} (--bin is not used)", opts.image);
     }
     let mut report = Report { results: Vec::new() };
     for &scenario in &opts.scenarios {
@@ -1024,7 +1034,7 @@ async fn run_scenario(opts: &Options, scenario: Scenario, dir: &Path) -> Scenari
         trials: Vec::new(),
     };
     println!("\n== {} ==", scenario.name());
-    let backend = match new_backend(opts.backend, &opts.repo, &opts.bin, &dir.join("nodes")) {
+    let backend = match make_backend(opts, dir) {
         Ok(b) => b,
         Err(e) => {
             println!("{}: cannot create the backend: {e:#}", scenario.name());
@@ -1076,6 +1086,13 @@ async fn run_scenario(opts: &Options, scenario: Scenario, dir: &Path) -> Scenari
         return result;
     }
     for n in 1..=opts.trials {
+        if n > 1 && !opts.reuse_cluster {
+            if let Err(e) = fresh_cluster(&ctx).await {
+                println!("{}: giving up: {e:#}", scenario.name());
+                result.error = Some(format!("before trial {n}: {e:#}"));
+                break;
+            }
+        }
         let (trial, restored) =
             match tokio::time::timeout(TRIAL_LIMIT, trial_once(&ctx, scenario, n)).await {
                 Ok(r) => r,
@@ -1090,7 +1107,13 @@ async fn run_scenario(opts: &Options, scenario: Scenario, dir: &Path) -> Scenari
             };
         println!("{}", trial_line(scenario, opts.trials, &trial));
         result.trials.push(trial);
-        if let Err(e) = restored {
+        if !opts.reuse_cluster {
+            // The next start empties the nodes' logs (docker: removes the containers).
+            collect_logs(&backend, &dir.join(format!("trial-{n}"))).await;
+            if let Err(e) = restored {
+                println!("  the cluster did not recover: {e:#}");
+            }
+        } else if let Err(e) = restored {
             println!("  the cluster did not recover ({e:#}); starting a fresh one");
             if let Err(e) = fresh_cluster(&ctx).await {
                 println!("{}: giving up: {e:#}", scenario.name());
@@ -1099,17 +1122,33 @@ async fn run_scenario(opts: &Options, scenario: Scenario, dir: &Path) -> Scenari
             }
         }
     }
-    if let Err(e) = on_backend(&backend, {
-        let dir = dir.to_path_buf();
-        move |b| b.collect_logs(&dir)
-    })
-    .await
-    {
-        eprintln!("collecting logs: {e:#}");
+    if opts.reuse_cluster {
+        collect_logs(&backend, dir).await;
     }
     drop(guard);
     println!("{}", Summary::of(&result).line(scenario));
     result
+}
+
+async fn collect_logs(backend: &SharedBackend, dir: &Path) {
+    let dir = dir.to_path_buf();
+    if let Err(e) = on_backend(backend, move |b| b.collect_logs(&dir)).await {
+        eprintln!("collecting logs: {e:#}");
+    }
+}
+
+/// The local backend as the chaos runs make it; docker as compose project `delayd-failover`
+/// (not the chaos runs' project, whose containers a start would remove) running
+/// `opts.image`.
+fn make_backend(opts: &Options, dir: &Path) -> anyhow::Result<Box<dyn Backend>> {
+    match opts.backend {
+        BackendKind::Local => new_backend(opts.backend, &opts.repo, &opts.bin, &dir.join("nodes")),
+        BackendKind::Docker => Ok(Box::new(DockerBackend::with_image(
+            opts.repo.clone(),
+            "delayd-failover".into(),
+            opts.image.clone(),
+        )?)),
+    }
 }
 
 /// Starts the cluster from empty data and waits until it is healthy.

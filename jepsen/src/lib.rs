@@ -16,7 +16,7 @@
 //!
 //! `delayd-jepsen failover [--backend local|docker] [--trials N] [--bin PATH]
 //! [--scenario kill-leader,term-leader,pause-follower,partition-follower]` measures instead
-//! of judging a history ([`failover`]): on a fresh cluster per scenario, under a light publish
+//! of judging a history ([`failover`]): on a fresh cluster per trial, under a light publish
 //! load through every node, it `kill -9`s the leader (time until a survivor takes a publish
 //! again), SIGTERMs it (the longest stretch without any successful publish), SIGSTOPs a
 //! follower for 4 s and cuts a follower off its peers for 10 s (are the leader and its term

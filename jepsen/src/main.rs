@@ -13,8 +13,8 @@
 //!
 //! `failover` measures instead of checking a history (see [`delayd_jepsen::failover`] and
 //! `docs/failover.md`): for each scenario (`--scenario kill-leader,term-leader,pause-follower,
-//! partition-follower`, all by default) it starts a fresh three-node cluster and runs
-//! `--trials` trials under a light publish load through every node, printing per-trial figures,
+//! partition-follower`, all by default) it runs `--trials` trials, each on a fresh three-node
+//! cluster, under a light publish load through every node, printing per-trial figures,
 //! a summary line per scenario and a final markdown table. Its exit code: 1 if any
 //! acknowledged publish was lost, 2 if something could not be measured or checked, else 0.
 
@@ -77,7 +77,8 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct FailoverArgs {
     /// Where the cluster runs (local: processes running --bin, in network namespaces when
-    /// root; docker: the image delayd:local, see scripts/docker-image.sh).
+    /// root; docker: compose project delayd-failover running --image, see
+    /// scripts/docker-image.sh).
     #[arg(long, value_enum, default_value = "local")]
     backend: BackendKind,
     /// Trials per scenario.
@@ -86,6 +87,10 @@ struct FailoverArgs {
     /// The delayd binary (local backend).
     #[arg(long, default_value = "target/debug/delayd")]
     bin: PathBuf,
+    /// The image the docker backend runs: tag a build's image (`docker tag delayd:local
+    /// delayd:mine`) so that a later scripts/docker-image.sh elsewhere does not change it.
+    #[arg(long, default_value = delayd_jepsen::backend::docker::IMAGE)]
+    image: String,
     /// Scenarios to run, comma-separated or repeated (default: all, in this order).
     #[arg(long, value_enum, value_delimiter = ',')]
     scenario: Vec<Scenario>,
@@ -99,6 +104,10 @@ struct FailoverArgs {
     /// Each publish's client-side timeout, in ms.
     #[arg(long, default_value_t = 1000)]
     publish_timeout_ms: u64,
+    /// Keep one cluster per scenario, healed and restarted between trials, instead of a fresh
+    /// cluster per trial (then trials are not independent: the nodes' Raft state carries over).
+    #[arg(long)]
+    reuse_cluster: bool,
 }
 
 #[tokio::main]
@@ -164,6 +173,7 @@ async fn failover(args: &FailoverArgs) -> i32 {
         backend: args.backend,
         trials: args.trials.max(1),
         bin: args.bin.clone(),
+        image: args.image.clone(),
         repo: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
         out: args.out.clone(),
         scenarios: if args.scenario.is_empty() {
@@ -173,6 +183,7 @@ async fn failover(args: &FailoverArgs) -> i32 {
         },
         pause: Duration::from_millis(args.pause_ms),
         publish_timeout: Duration::from_millis(args.publish_timeout_ms.max(1)),
+        reuse_cluster: args.reuse_cluster,
     };
     tokio::select! {
         r = failover::run(&opts) => match r {

@@ -79,11 +79,13 @@ async fn one_kill_leader_trial() -> Result<()> {
         backend: BackendKind::Local,
         trials: 1,
         bin,
+        image: "delayd:local".into(),
         repo: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
         out: out.clone(),
         scenarios: vec![Scenario::KillLeader],
         pause: Duration::from_millis(10),
         publish_timeout: Duration::from_secs(1),
+        reuse_cluster: false,
     };
     let report = failover::run(&opts).await?;
     let _ = std::fs::remove_dir_all(&out);
