@@ -213,7 +213,7 @@ pub fn generate(spec: &PlanSpec) -> Plan {
             break;
         };
         let hold_ms = match kind {
-            // Longer than the 1.5 s election timeout, so the others elect without it.
+            // Longer than the election timeout (0.6 s at most), so the others elect without it.
             FaultKind::PauseNode | FaultKind::PauseLeader => rng.random_range(3_000..7_000),
             FaultKind::KillAll => rng.random_range(2_000..5_000),
             FaultKind::GracefulRestart => rng.random_range(1_000..3_000),

@@ -308,3 +308,37 @@ async fn a_new_node_catches_up_by_snapshot_then_the_leader_is_removed() -> Resul
     ensure!(n(&d, "entries")? > 200, "{d}");
     Ok(())
 }
+
+/// SIGTERM of the leader of real processes: it hands leadership over before it exits (its
+/// log says to whom), the new leader is elected in the next term, and every job acknowledged
+/// before and after is on the survivors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_terminated_leader_hands_over_before_it_exits() -> Result<()> {
+    let mut cluster = Cluster::start(3, &[]).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let (st, before) = cluster.api(leader).put("/api/t/handover?delay=3600", "before").await?;
+    ensure!(st == 201, "{before}");
+    let (_, health) = cluster.api(survivors[0]).get("/health").await?;
+    let term = n(&health, "term")?;
+
+    let status = cluster.nodes[leader].terminate()?;
+    ensure!(status.success(), "exit {status:?}");
+    let log = cluster.nodes[leader].log_text();
+    ensure!(log.contains("handed leadership over"), "no hand-over in the log:\n{log}");
+
+    let new_leader = cluster.leader_among(&survivors, Duration::from_secs(10)).await?;
+    let (_, health) = cluster.api(new_leader).get("/health").await?;
+    // One election, started by the hand-over: no candidate raised the term before it.
+    ensure!(n(&health, "term")? == term + 1, "{health}");
+    let (st, after) = cluster.api(survivors[0]).put("/api/t/handover?delay=3600", "after").await?;
+    ensure!(st == 201, "{after}");
+    for i in survivors {
+        for job in [&before, &after] {
+            let (st, got) =
+                cluster.api(i).get(&format!("/api/t/handover/job/{}", s(job, "job_id")?)).await?;
+            ensure!(st == 200, "node index {i}: {got}");
+        }
+    }
+    Ok(())
+}

@@ -188,6 +188,17 @@ async fn cluster_and_jobs_through_a_follower() -> Result<()> {
     let d = ctl(f, &["cluster", "digest", "--json"]).await?.json()?;
     ensure!(n(&d, "applied_index")? > 0 && s(&d, "digest")?.len() == 16, "{d}");
 
+    // Leadership moves to the follower asked, then to whichever voter the leader picks.
+    let follower_id = cluster.nodes[follower].id;
+    let out = ctl(f, &["cluster", "transfer", "--to", &follower_id.to_string()]).await?.ok()?;
+    ensure!(out.trim() == format!("leader  {follower_id}"), "{out}");
+    let c = ctl(f, &["cluster", "status", "--json"]).await?.json()?;
+    ensure!(n(&c, "leader")? == follower_id, "{c}");
+    let moved = ctl(f, &["cluster", "transfer", "--json"]).await?.json()?;
+    ensure!(n(&moved, "leader")? != follower_id, "{moved}");
+    let bad = ctl(f, &["cluster", "transfer", "--to", "9"]).await?;
+    ensure!(bad.code == 1 && bad.stderr.contains("node 9 is not a voter"), "{bad:?}");
+
     // Membership through the follower: add a learner, promote it, remove it.
     let joiner = cluster.spawn_joiner(4, auth_flags(Auth::Off)).await?;
     let out = ctl(f, &["cluster", "add", "4", &joiner.grpc]).await?.ok()?;

@@ -160,6 +160,13 @@ enum ClusterCmd {
         /// Raft node id.
         id: u64,
     },
+    /// Hand leadership to a voter (the most caught-up one without `--to`), e.g. before
+    /// taking the leader down for maintenance.
+    Transfer {
+        /// The voter that should lead.
+        #[arg(long)]
+        to: Option<u64>,
+    },
     /// Build a snapshot of the answering node's state now.
     Snapshot,
     /// The answering node's applied index and state digest.
@@ -430,6 +437,12 @@ async fn cluster(client: &Client, command: ClusterCmd) -> Result<Output> {
         ClusterCmd::Remove { id } => {
             let call = Call::new(Method::DELETE, &["admin", "nodes", &id.to_string()]);
             members(client.send(call).await?.ok()?)
+        }
+        ClusterCmd::Transfer { to } => {
+            let call = Call::new(Method::POST, &["admin", "leader"]).param("to", to);
+            let v = client.send(call).await?.ok()?;
+            let human = line(format!("leader  {}", render::cell(&v["leader"])));
+            Output::new(v, human)
         }
         ClusterCmd::Snapshot => {
             let v = client.send(Call::new(Method::POST, &["admin", "snapshot"])).await?.ok()?;

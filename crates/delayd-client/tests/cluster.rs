@@ -63,7 +63,7 @@ impl Cluster {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
             let leaders: Vec<_> =
-                self.nodes.iter().map(|n| n.raft().metrics().borrow().current_leader).collect();
+                self.nodes.iter().map(|n| n.cluster().metrics().current_leader).collect();
             if let Some(l) = leaders[0] {
                 if leaders.iter().all(|x| *x == Some(l)) {
                     return l;

@@ -19,6 +19,13 @@ pub struct Entry {
     pub commands: Vec<Command>,
 }
 
+impl std::fmt::Display for Entry {
+    /// A one-line summary for Raft's logs: the stamp and how many commands, not their bodies.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "entry at {} ms with {} commands", self.now_ms, self.commands.len())
+    }
+}
+
 /// Everything needed to create a job, validated before it is proposed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewJob {

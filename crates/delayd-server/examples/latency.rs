@@ -39,7 +39,7 @@ fn summary(name: &str, mut v: Vec<f64>, unit: &str) {
 }
 
 fn wall_ms() -> u64 {
-    delayd_server::clock::wall_ms()
+    delayd_raft::clock::wall_ms()
 }
 
 #[tokio::main]

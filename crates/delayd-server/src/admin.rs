@@ -1,5 +1,5 @@
-//! The cluster admin API, under `/admin`: status, the queues, membership, snapshots and a state
-//! digest.
+//! The cluster admin API, under `/admin`: status, the queues, membership, leadership
+//! transfer, snapshots and a state digest.
 //!
 //! Any node answers; membership changes are carried out by the leader (forwarded there) and
 //! go through openraft's joint consensus.
@@ -13,8 +13,9 @@ use futures::future::join_all;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
+use delayd_raft::{ForwardOp, NodeStatus};
+
 use crate::error::ServiceError;
-use crate::forward::{ForwardOp, NodeStatus};
 use crate::http::ApiError;
 use crate::node::Node;
 
@@ -28,6 +29,7 @@ pub fn routes() -> Router<Node> {
         .route("/admin/nodes", post(add_learner))
         .route("/admin/nodes/{id}/promote", post(promote))
         .route("/admin/nodes/{id}", axum::routing::delete(remove))
+        .route("/admin/leader", post(transfer_leader))
         .route("/admin/snapshot", post(snapshot))
         .route("/admin/digest", get(digest))
 }
@@ -46,7 +48,7 @@ fn status_json(s: &NodeStatus) -> Value {
 }
 
 async fn cluster(State(node): State<Node>) -> ApiResult {
-    let m = node.raft().metrics().borrow().clone();
+    let m = node.cluster().metrics();
     let membership = m.membership_config.membership();
     let voters: Vec<u64> = membership.voter_ids().collect();
     let learners: Vec<u64> = membership.learner_ids().collect();
@@ -57,9 +59,9 @@ async fn cluster(State(node): State<Node>) -> ApiResult {
         let node = node.clone();
         async move {
             if *id == me {
-                Ok(node.status())
+                Ok(node.cluster().status())
             } else {
-                node.peer_status(addr).await
+                node.cluster().peer_status(*id, addr).await
             }
         }
     }))
@@ -158,22 +160,34 @@ async fn add_learner(
     let addr = q.get("addr").filter(|a| a.contains(':')).ok_or_else(|| {
         ApiError(ServiceError::BadRequest("addr=host:port (gRPC) is required".into()))
     })?;
-    let voters = node.change_members(ForwardOp::AddLearner { id, addr: addr.clone() }).await?;
+    let voters =
+        node.cluster().change_members(ForwardOp::AddLearner { id, addr: addr.clone() }).await?;
     Ok(members(voters))
 }
 
 async fn promote(State(node): State<Node>, Path(id): Path<String>) -> ApiResult {
     let id = node_id(&id)?;
-    Ok(members(node.change_members(ForwardOp::Promote { id }).await?))
+    Ok(members(node.cluster().change_members(ForwardOp::Promote { id }).await?))
 }
 
 async fn remove(State(node): State<Node>, Path(id): Path<String>) -> ApiResult {
     let id = node_id(&id)?;
-    Ok(members(node.change_members(ForwardOp::Remove { id }).await?))
+    Ok(members(node.cluster().change_members(ForwardOp::Remove { id }).await?))
+}
+
+/// `POST /admin/leader?to=N`: hands leadership to voter `N` (without `to`: to the most
+/// caught-up voter) and answers once it leads.
+async fn transfer_leader(
+    State(node): State<Node>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    let to = q.get("to").map(|id| node_id(id)).transpose()?;
+    let leader = node.cluster().transfer_leader(to).await?;
+    Ok(Json(json!({"leader": leader})).into_response())
 }
 
 async fn snapshot(State(node): State<Node>) -> ApiResult {
-    node.snapshot().await?;
+    node.cluster().snapshot().await?;
     Ok((StatusCode::ACCEPTED, Json(json!({"msg": "snapshot triggered"}))).into_response())
 }
 

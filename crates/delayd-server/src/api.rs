@@ -1,7 +1,7 @@
 //! # The gRPC client API (`proto/delayd.proto`, service `delayd.v1.Delayd`)
 //!
 //! The same operations as the HTTP API, served on the node's gRPC port beside the internal
-//! services (see [`crate::grpc::router`]). Handlers only convert messages; every decision is
+//! services (see `delayd_raft::server::routes`). Handlers only convert messages; every decision is
 //! in [`crate::service`], so validation and error messages are the HTTP API's. Service errors
 //! become gRPC statuses in exactly one place, [`status`].
 //!
@@ -48,6 +48,7 @@ use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_server::{Delayd, DelaydServer};
 use futures::future::join_all;
 use futures::Stream;
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
@@ -245,8 +246,8 @@ impl Api {
 /// names its own leader).
 fn add_leader(node: &Node, meta: &mut MetadataMap) {
     meta.insert(NODE_HEADER, MetadataValue::from(node.config().node_id));
-    let metrics = node.raft().metrics();
-    let m = metrics.borrow();
+    let metrics = node.cluster().raft().metrics();
+    let m = metrics.borrow_watched();
     let leader = match meta.get(LEADER_HEADER).and_then(|v| v.to_str().ok()?.parse().ok()) {
         Some(id) => Some(id),
         None => m.current_leader,
@@ -390,7 +391,7 @@ fn check_items(n: usize) -> Result<(), ServiceError> {
 /// Completes when the node's Raft has stopped: streams and long polls must end then, or
 /// the server's graceful shutdown would wait for them.
 async fn stopped(node: Node) {
-    let mut metrics = node.raft().metrics();
+    let mut metrics = node.cluster().raft().metrics();
     loop {
         if metrics.borrow_and_update().state == ServerState::Shutdown {
             return;

@@ -145,11 +145,7 @@ impl Auth {
     }
 }
 
-/// Compares two secrets in time independent of where they differ.
-pub(crate) fn same(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub(crate) use delayd_raft::server::same;
 
 /// The read and write budgets of one token on this node.
 #[derive(Default)]

@@ -50,11 +50,15 @@ pub struct Config {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot, for followers that are only a little behind.
     pub keep_logs: u64,
-    /// Raft heartbeat interval in ms; in openraft 0.9 also every replication RPC's timeout.
+    /// Raft heartbeat interval in ms; also every replication RPC's timeout.
     pub heartbeat_ms: u64,
     /// Raft election timeout range in ms (min, max); a follower that hears no leader for a
-    /// random time in it starts an election.
+    /// random time in it starts an election (after a Pre-Vote round).
     pub election_timeout_ms: (u64, u64),
+    /// How long a leader that is stopped waits for a voter to take over, in ms.
+    pub transfer_timeout_ms: u64,
+    /// Serve linearizable reads on the leader's lease instead of a quorum round trip each.
+    pub lease_reads: bool,
     /// Who may call what (see [`crate::auth`]).
     pub auth: AuthConfig,
     /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
@@ -74,8 +78,8 @@ impl Default for Config {
             initial_members: BTreeMap::new(),
             join: false,
             max_body_bytes: 1024 * 1024,
-            // openraft 0.9 gives each AppendEntries one heartbeat to be sent, decoded and fsynced
-            // on the follower; 4 MiB leaves room for that on a busy 2-core machine.
+            // openraft gives each AppendEntries one heartbeat to be sent, decoded and fsynced on
+            // the follower; 4 MiB leaves room for that on a busy 2-core machine.
             max_entry_bytes: 4 * 1024 * 1024,
             max_horizon: Duration::from_secs(10 * 365 * 86_400),
             request_timeout: Duration::from_secs(5),
@@ -85,9 +89,11 @@ impl Default for Config {
             tick_limit: 1024,
             snapshot_logs: 50_000,
             keep_logs: 10_000,
-            // Sized for fsync on a busy disk (notes/openraft.md).
-            heartbeat_ms: 150,
-            election_timeout_ms: (750, 1500),
+            // Chosen by measurement, see docs/failover.md.
+            heartbeat_ms: delayd_raft::Timing::default().heartbeat_ms,
+            election_timeout_ms: delayd_raft::Timing::default().election_timeout_ms,
+            transfer_timeout_ms: delayd_raft::Timing::default().transfer_timeout_ms,
+            lease_reads: true,
             auth: AuthConfig::default(),
             debug_clock: false,
         }
@@ -109,19 +115,8 @@ impl Config {
 
     /// Checks the configuration, naming the first problem found.
     pub fn validate(&self) -> Result<(), String> {
-        if self.node_id == 0 {
-            return Err("node id must be at least 1".into());
-        }
-        if !self.initial_members.is_empty() && !self.initial_members.contains_key(&self.node_id) {
-            return Err(format!(
-                "the initial members {:?} do not include this node ({})",
-                self.initial_members.keys().collect::<Vec<_>>(),
-                self.node_id
-            ));
-        }
-        if self.join && !self.initial_members.is_empty() {
-            return Err("--join and --peers exclude each other".into());
-        }
+        // Node id, members, timeouts and batching: the cluster's rules.
+        self.cluster().validate()?;
         if let Some(t) = &self.auth.admin_token {
             if t.len() < MIN_ADMIN_TOKEN_LEN || t.chars().any(|c| !c.is_ascii_graphic()) {
                 return Err(format!(
@@ -129,13 +124,6 @@ impl Config {
                      characters without spaces"
                 ));
             }
-        }
-        let (min, max) = self.election_timeout_ms;
-        if self.heartbeat_ms == 0 || self.heartbeat_ms >= min || min >= max {
-            return Err(format!(
-                "need 0 < heartbeat ({}) < election timeout min ({min}) < max ({max})",
-                self.heartbeat_ms
-            ));
         }
         if self.max_entry_bytes < MIN_ENTRY_BYTES || self.max_entry_bytes > MAX_ENTRY_BYTES {
             return Err(format!(
@@ -159,11 +147,38 @@ impl Config {
                 crate::service::MAX_HORIZON_LIMIT.as_secs()
             ));
         }
-        self.http.validate()?;
-        if self.max_batch == 0 || self.tick_limit == 0 || self.max_in_flight == 0 {
-            return Err("max batch, max in flight and tick limit must be positive".into());
+        self.http.validate()
+    }
+
+    /// The cluster node's part of the configuration.
+    pub fn cluster(&self) -> delayd_raft::ClusterConfig {
+        delayd_raft::ClusterConfig {
+            node_id: self.node_id,
+            data_dir: self.data_dir.clone(),
+            grpc_addr: self.grpc_addr,
+            advertise_addr: self.advertise_addr.clone(),
+            initial_members: self.initial_members.clone(),
+            join: self.join,
+            cluster_secret: self.auth.cluster_secret().map(str::to_string),
+            timing: delayd_raft::Timing {
+                heartbeat_ms: self.heartbeat_ms,
+                election_timeout_ms: self.election_timeout_ms,
+                transfer_timeout_ms: self.transfer_timeout_ms,
+            },
+            proposer: delayd_raft::ProposerConfig {
+                max_batch: self.max_batch,
+                max_entry_bytes: self.max_entry_bytes,
+                max_in_flight: self.max_in_flight,
+                linger: self.batch_linger,
+                timeout: self.request_timeout,
+            },
+            request_timeout: self.request_timeout,
+            tick_limit: self.tick_limit,
+            snapshot_logs: self.snapshot_logs,
+            keep_logs: self.keep_logs,
+            lease_reads: self.lease_reads,
+            faults: None,
         }
-        Ok(())
     }
 }
 
@@ -171,7 +186,7 @@ impl Config {
 pub const MIN_ENTRY_BYTES: usize = 64 * 1024;
 /// Largest `max_entry_bytes`: a quarter of the transport's message limit, so a replication
 /// message always has room for an entry and openraft's batching of several.
-pub const MAX_ENTRY_BYTES: usize = crate::network::MAX_MESSAGE_BYTES / 4;
+pub const MAX_ENTRY_BYTES: usize = delayd_raft::network::MAX_MESSAGE_BYTES / 4;
 /// Room a job needs in an entry beside its body: the largest attributes and key allowed, and
 /// the command's own fields.
 pub const JOB_OVERHEAD_BYTES: usize = 32 * 1024;

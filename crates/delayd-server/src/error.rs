@@ -51,6 +51,19 @@ impl From<Rejection> for ServiceError {
     }
 }
 
+impl From<delayd_raft::ClusterError> for ServiceError {
+    fn from(e: delayd_raft::ClusterError) -> Self {
+        use delayd_raft::ClusterError as C;
+        match e {
+            C::BadRequest(m) => ServiceError::BadRequest(m),
+            C::TooLarge(m) => ServiceError::TooLarge(m),
+            C::NotLeader(l) => ServiceError::NotLeader(l),
+            C::Unavailable(m) => ServiceError::Unavailable(m),
+            C::Internal(m) => ServiceError::Internal(m),
+        }
+    }
+}
+
 impl From<delayd_core::KvError> for ServiceError {
     fn from(e: delayd_core::KvError) -> Self {
         ServiceError::Internal(e.to_string())

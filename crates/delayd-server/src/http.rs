@@ -50,6 +50,12 @@ impl From<ServiceError> for ApiError {
     }
 }
 
+impl From<delayd_raft::ClusterError> for ApiError {
+    fn from(e: delayd_raft::ClusterError) -> Self {
+        ApiError(e.into())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = error(&self.0);
@@ -307,7 +313,7 @@ async fn method_not_allowed() -> Response {
 }
 
 async fn health(State(node): State<Node>) -> Response {
-    let m = node.raft().metrics().borrow().clone();
+    let m = node.cluster().metrics();
     Json(json!({
         "node_id": m.id,
         "state": format!("{:?}", m.state),

@@ -36,13 +36,13 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use delayd_core::{query, Effects, QueueName};
-use delayd_store::{Raft, StateReader, StoreMetrics};
-use openraft::{BasicNode, RaftMetrics, ServerState};
+use delayd_store::{StateReader, StoreMetrics, TypeConfig};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::{Instant as _, RaftMetrics, ServerState};
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
-use tokio::sync::watch;
 use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
 use tonic::server::NamedService;
 
@@ -362,9 +362,9 @@ impl Metrics {
     /// exposition format. Blocking: it reads RocksDB.
     pub fn render(&self, node: &Node) -> Result<String, ServiceError> {
         let _one_at_a_time = self.scrape.lock().unwrap_or_else(PoisonError::into_inner);
-        let raft = node.raft().metrics().borrow().clone();
+        let raft = node.cluster().metrics();
         self.refresh_raft(&raft);
-        let reader = &node.inner.reader;
+        let reader = node.cluster().reader();
         if let Err(e) = self.refresh_queues(reader, node.clock().now_ms()) {
             // A follower installing a snapshot has no consistent state to show: leave the
             // queue gauges out of this scrape rather than fail all of it.
@@ -376,7 +376,7 @@ impl Metrics {
             .map_err(|e| ServiceError::Internal(format!("encoding metrics: {e}")))
     }
 
-    fn refresh_raft(&self, m: &RaftMetrics<u64, BasicNode>) {
+    fn refresh_raft(&self, m: &RaftMetrics<TypeConfig>) {
         self.raft_term.set(to_i64(m.current_term));
         for (state, name) in RAFT_STATES {
             self.raft_state.with_label_values(&[name]).set(i64::from(m.state == state));
@@ -392,7 +392,7 @@ impl Metrics {
             self.raft_replication_lag.with_label_values(&[id.to_string()]).set(to_i64(lag));
         }
         self.raft_quorum_ack.reset();
-        if let Some(ms) = m.millis_since_quorum_ack {
+        if let Some(ms) = m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64) {
             self.raft_quorum_ack.with_label_values::<&str>(&[]).set(to_i64(ms));
         }
     }
@@ -562,27 +562,27 @@ fn grpc_code(headers: &HeaderMap) -> &'static str {
     }
 }
 
-/// Counts every leader this node sees established, until `shutdown`: a change of
+/// Counts every leader this node sees established, until its Raft stops: a change of
 /// `(current_leader, term)` to a known leader, including the first one after start.
-pub(crate) async fn watch_leader(
-    raft: Raft,
-    metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut raft_metrics = raft.metrics();
+pub(crate) async fn watch_leader(node: Node) {
+    let mut raft_metrics = node.cluster().raft().metrics();
+    let metrics = node.metrics().clone();
+    drop(node);
     let mut last = None;
     loop {
         let seen = {
             let m = raft_metrics.borrow_and_update();
+            if m.state == ServerState::Shutdown {
+                return;
+            }
             m.current_leader.map(|leader| (leader, m.current_term))
         };
         if seen.is_some() && seen != last {
             metrics.leader_changed();
             last = seen;
         }
-        tokio::select! {
-            r = raft_metrics.changed() => if r.is_err() { return },
-            _ = shutdown.changed() => return,
+        if raft_metrics.changed().await.is_err() {
+            return;
         }
     }
 }

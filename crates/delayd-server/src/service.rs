@@ -299,7 +299,7 @@ impl Node {
         if !stale {
             self.read_barrier().await?;
         }
-        let view = self.inner.reader.read_view()?;
+        let view = self.inner.cluster.reader().read_view()?;
         Ok(f(&view)?)
     }
 

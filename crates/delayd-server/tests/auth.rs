@@ -399,7 +399,7 @@ async fn the_internal_services_need_the_cluster_credential() {
     use delayd_proto::raft::internal_client::InternalClient;
     use delayd_proto::raft::raft_client::RaftClient;
     use delayd_proto::raft::RaftRequest;
-    use delayd_server::grpc::CLUSTER_HEADER;
+    use delayd_raft::server::CLUSTER_HEADER;
 
     let t = TestNode::secured().await;
     let url = format!("http://{}", t.node.config().advertised());
@@ -525,7 +525,7 @@ async fn a_follower_coalesces_its_checks_of_unknown_tokens() {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     let leader = loop {
         let known: Vec<_> =
-            nodes.iter().map(|n| n.node.raft().metrics().borrow().current_leader).collect();
+            nodes.iter().map(|n| n.node.cluster().metrics().current_leader).collect();
         if let Some(l) = known[0].filter(|l| known.iter().all(|k| *k == Some(*l))) {
             break l;
         }

@@ -436,7 +436,7 @@ async fn publish_stream_answers_each_batch_in_order() {
     }
     // Many batches at once: they are in flight together, so the proposer packs them into
     // fewer log entries than batches.
-    let before = t.node.raft().metrics().borrow().last_log_index.unwrap_or(0);
+    let before = t.node.cluster().metrics().last_log_index.unwrap_or(0);
     const BATCHES: usize = 32;
     for i in 0..BATCHES {
         let b = match i {
@@ -450,7 +450,7 @@ async fn publish_stream_answers_each_batch_in_order() {
     tx.send(batch(3, Some("k"))).await.unwrap(); // the same keys again: the same jobs
     drop(tx);
     let reply = call.await.unwrap().unwrap().into_inner();
-    let after = t.node.raft().metrics().borrow().last_log_index.unwrap_or(0);
+    let after = t.node.cluster().metrics().last_log_index.unwrap_or(0);
     assert_eq!(reply.batches.len(), BATCHES + 2);
     for (i, b) in reply.batches.iter().enumerate() {
         match i {

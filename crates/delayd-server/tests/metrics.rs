@@ -303,7 +303,7 @@ async fn metrics_follow_requests_jobs_raft_and_storage() {
     assert!(after.get("delayd_rocksdb_size_bytes", &[("kind", "wal")]).is_some());
 
     // A snapshot is timed and sized.
-    n.node.snapshot().await.unwrap();
+    n.node.cluster().snapshot().await.unwrap();
     let s = n
         .scrape_until("a snapshot", |s| s.value("delayd_snapshot_build_seconds_count", &[]) >= 1.0)
         .await;

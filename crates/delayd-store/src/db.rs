@@ -125,7 +125,7 @@ impl<'a> ReadView<'a> {
     }
 
     /// The last log id applied to the state this view shows.
-    pub fn last_applied(&self) -> Result<Option<openraft::LogId<crate::NodeId>>, StoreError> {
+    pub fn last_applied(&self) -> Result<Option<crate::LogId>, StoreError> {
         match self.get(Cf::Meta, SM_LAST_APPLIED)? {
             Some(bytes) => Ok(codec::decode(&bytes)?),
             None => Ok(None),

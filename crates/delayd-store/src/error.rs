@@ -1,9 +1,6 @@
 //! The store's error type and its mapping onto openraft's.
 
 use delayd_core::KvError;
-use openraft::{StorageError, StorageIOError};
-
-use crate::NodeId;
 
 /// Everything that can go wrong below the state machine.
 ///
@@ -48,42 +45,15 @@ impl StoreError {
     }
 }
 
-/// Builds an openraft [`StorageError`] out of a [`StoreError`], naming what failed.
-pub(crate) fn storage_err(
-    kind: fn(&StoreError) -> StorageIOError<NodeId>,
-) -> impl FnOnce(StoreError) -> StorageError<NodeId> {
-    move |e| StorageError::IO { source: kind(&e) }
-}
-
-/// Shorthands for the subjects openraft distinguishes.
-pub(crate) mod subject {
-    use openraft::StorageIOError;
-
-    use super::StoreError;
-    use crate::NodeId;
-
-    pub(crate) fn read_logs(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::read_logs(e)
-    }
-    pub(crate) fn write_logs(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::write_logs(e)
-    }
-    pub(crate) fn read_vote(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::read_vote(e)
-    }
-    pub(crate) fn write_vote(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::write_vote(e)
-    }
-    pub(crate) fn read_sm(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::read_state_machine(e)
-    }
-    pub(crate) fn write_sm(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::write_state_machine(e)
-    }
-    pub(crate) fn read_snapshot(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::read_snapshot(None, e)
-    }
-    pub(crate) fn write_snapshot(e: &StoreError) -> StorageIOError<NodeId> {
-        StorageIOError::write_snapshot(None, e)
+impl From<StoreError> for std::io::Error {
+    /// openraft 0.10 takes storage failures as `io::Error`; any of them stops the Raft node,
+    /// so the message must say what failed.
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Io { context, source } => {
+                std::io::Error::new(source.kind(), format!("{context}: {source}"))
+            }
+            e => std::io::Error::other(e.to_string()),
+        }
     }
 }

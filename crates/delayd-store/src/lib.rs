@@ -1,7 +1,7 @@
 //! # delayd-store: the Raft log and the state machine, in one RocksDB
 //!
 //! This crate is the only place that knows about RocksDB. It gives openraft the two storage
-//! halves of its storage-v2 API — [`LogStore`] (log, vote, commit index) and
+//! halves of its storage API — [`LogStore`] (log, vote, commit index) and
 //! [`StateMachineStore`] (the replicated job state and its snapshots) — and gives the service a
 //! [`StateReader`] for queries. It holds no business rules: what a log entry *means* is
 //! `delayd_core::apply`'s business; this crate decides only where the bytes go and when they
@@ -55,9 +55,13 @@
 //!
 //! ## Start-up
 //!
-//! Openraft 0.9 does not restore a state machine from its snapshot: it asks for
-//! `applied_state()` and replays the log from there. The state machine here is persistent, so
-//! there is nothing to restore; `applied_state()` reads what the last apply (or install) wrote.
+//! The state machine here is persistent: `applied_state()` reads what the last apply (or
+//! install) wrote, which is never behind the current snapshot, so openraft never needs to
+//! restore it from a snapshot at start-up and replays the log from there.
+//!
+//! Data directories written by delayd on openraft 0.9 open unchanged: the log entries, vote,
+//! log ids, memberships and snapshot metadata keep their serialized layout in 0.10 (a test
+//! opens a directory the previous version wrote).
 //!
 //! ## Caveats
 //!
@@ -80,30 +84,46 @@ pub use db::{ReadView, StorageSizes};
 pub use error::StoreError;
 pub use log::LogStore;
 pub use metrics::StoreMetrics;
-pub use state::{ApplyListener, SnapshotBuilder, StateMachineStore, StateReader};
+pub use state::{ApplyListener, SnapshotBuilder, SnapshotInbox, StateMachineStore, StateReader};
 
 /// A node's id in the cluster.
 pub type NodeId = u64;
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of delayd: log entries carry a [`delayd_core::Entry`]
-    /// (a batch of commands), responses are one [`delayd_core::Outcome`] per command, and
-    /// snapshots are files.
+    /// (a batch of commands) and responses are one [`delayd_core::Outcome`] per command. The
+    /// rest are openraft's defaults: `u64` terms, the advanced leader id (several leaders per
+    /// term are impossible, but a term's leader is named in every log id), `BasicNode`.
     pub TypeConfig:
         D = delayd_core::Entry,
         R = Vec<delayd_core::Outcome>,
         NodeId = NodeId,
         Node = openraft::BasicNode,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = tokio::fs::File,
-        AsyncRuntime = openraft::TokioRuntime,
 );
 
 /// A delayd Raft node.
-pub type Raft = openraft::Raft<TypeConfig>;
+pub type Raft = openraft::Raft<TypeConfig, StateMachineStore>;
 
 /// One entry of delayd's Raft log.
-pub type LogEntry = openraft::Entry<TypeConfig>;
+pub type LogEntry = openraft::alias::EntryOf<TypeConfig>;
+
+/// A position in the log: the leader that proposed the entry, and its index.
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+
+/// A vote: the term and the candidate, and whether a quorum granted it.
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+
+/// A membership with the log id of the entry that set it.
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+
+/// A snapshot's metadata: the last log id it covers and the membership at that point.
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+
+/// A snapshot: its metadata and its file, which is what travels to a follower.
+pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
+
+/// What a snapshot's data is: an open file (see `snapshot.rs` for its format).
+pub type SnapshotData = tokio::fs::File;
 
 /// Opens the store.
 pub struct Store;

@@ -6,14 +6,14 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
 
 use delayd_core::codec;
-use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{LogId, OptionalSend, RaftLogId, StorageError, Vote};
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::OptionalSend;
 use rocksdb::{ReadOptions, WriteBatch};
 
 use crate::db::{self, log_key, meta_key, Db, CF_LOG, CF_RAFT_META};
-use crate::error::{storage_err, subject, StoreError};
+use crate::error::StoreError;
 use crate::metrics::{since, StoreMetrics};
-use crate::{blocking, LogEntry, NodeId, TypeConfig};
+use crate::{blocking, LogEntry, LogId, TypeConfig, Vote};
 
 /// The Raft log, vote and commit index, in the `raft_log` and `raft_meta` column families.
 ///
@@ -61,12 +61,12 @@ struct Syncer {
 #[derive(Default)]
 struct SyncState {
     /// Callbacks of written appends, each with the time its `append` was called.
-    pending: Vec<(Instant, LogFlushed<TypeConfig>)>,
+    pending: Vec<(Instant, IOFlushed<TypeConfig>)>,
     stop: bool,
 }
 
 impl Syncer {
-    fn submit(&self, appended: Instant, callback: LogFlushed<TypeConfig>) {
+    fn submit(&self, appended: Instant, callback: IOFlushed<TypeConfig>) {
         self.state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -97,7 +97,7 @@ impl Syncer {
                     Ok(()) => Ok(()),
                     Err(e) => Err(std::io::Error::other(format!("syncing the WAL: {e}"))),
                 };
-                callback.log_io_completed(result);
+                callback.io_completed(result);
             }
         }
     }
@@ -163,7 +163,7 @@ fn last_entry(db: &Db) -> Result<Option<LogEntry>, StoreError> {
 }
 
 fn log_state(db: &Db) -> Result<LogState<TypeConfig>, StoreError> {
-    let last_purged_log_id: Option<LogId<NodeId>> =
+    let last_purged_log_id: Option<LogId> =
         db::get_decoded(db, CF_RAFT_META, meta_key::LAST_PURGED)?;
     let last_log_id = match last_entry(db)? {
         Some(entry) => Some(entry.log_id),
@@ -183,7 +183,7 @@ fn append_entries(db: &Db, entries: &[LogEntry]) -> Result<(), StoreError> {
     let cf = db::cf(db, CF_LOG)?;
     let mut batch = WriteBatch::default();
     for entry in entries {
-        batch.put_cf(cf, log_key(entry.get_log_id().index), codec::encode(entry));
+        batch.put_cf(cf, log_key(entry.log_id.index), codec::encode(entry));
     }
     Ok(db.write(batch)?)
 }
@@ -199,7 +199,7 @@ fn truncate_from(db: &Db, index: u64) -> Result<(), StoreError> {
 
 /// Deletes every entry up to and including `upto`, recording it as the last purged id in the
 /// same batch so that `get_log_state` never sees one without the other.
-fn purge_upto(db: &Db, upto: LogId<NodeId>) -> Result<(), StoreError> {
+fn purge_upto(db: &Db, upto: LogId) -> Result<(), StoreError> {
     let mut batch = WriteBatch::default();
     batch.put_cf(db::cf(db, CF_RAFT_META)?, meta_key::LAST_PURGED, codec::encode(&upto));
     let log = db::cf(db, CF_LOG)?;
@@ -212,7 +212,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<LogEntry>, StorageError<NodeId>> {
+    ) -> Result<Vec<LogEntry>, std::io::Error> {
         let start = match range.start_bound() {
             Bound::Included(&i) => i,
             Bound::Excluded(&i) => match i.checked_add(1) {
@@ -228,43 +228,40 @@ impl RaftLogReader<TypeConfig> for LogStore {
         };
         // Inline: replication reads the entries just appended, from the memtable, in
         // microseconds; a hop to the blocking pool would cost more than the read.
-        read_entries(&self.db, start, end).map_err(storage_err(subject::read_logs))
+        read_entries(&self.db, start, end).map_err(std::io::Error::from)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, std::io::Error> {
+        let db = self.db.clone();
+        blocking(move || db::get_decoded(&db, CF_RAFT_META, meta_key::VOTE))
+            .await
+            .map_err(std::io::Error::from)
     }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, std::io::Error> {
         let db = self.db.clone();
-        blocking(move || log_state(&db)).await.map_err(storage_err(subject::read_logs))
+        blocking(move || log_state(&db)).await.map_err(std::io::Error::from)
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), std::io::Error> {
         let db = self.db.clone();
         let value = codec::encode(vote);
         blocking(move || put_meta_synced(&db, meta_key::VOTE, value))
             .await
-            .map_err(storage_err(subject::write_vote))
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        let db = self.db.clone();
-        blocking(move || db::get_decoded(&db, CF_RAFT_META, meta_key::VOTE))
-            .await
-            .map_err(storage_err(subject::read_vote))
+            .map_err(std::io::Error::from)
     }
 
     /// Not synced: losing the latest commit index in a crash only means re-learning it from
     /// the leader; it rides along with the next synced append anyway.
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<NodeId>>,
-    ) -> Result<(), StorageError<NodeId>> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), std::io::Error> {
         let db = self.db.clone();
         let index = committed.map_or(0, |c| c.index);
         blocking(move || {
@@ -272,27 +269,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Ok(db.put_cf(cf, meta_key::COMMITTED, codec::encode(&committed))?)
         })
         .await
-        .map_err(storage_err(subject::write_logs))?;
+        .map_err(std::io::Error::from)?;
         self.metrics.commit_index.set(i64::try_from(index).unwrap_or(i64::MAX));
         Ok(())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+    async fn read_committed(&mut self) -> Result<Option<LogId>, std::io::Error> {
         let db = self.db.clone();
         blocking(move || {
-            let committed: Option<Option<LogId<NodeId>>> =
+            let committed: Option<Option<LogId>> =
                 db::get_decoded(&db, CF_RAFT_META, meta_key::COMMITTED)?;
             Ok(committed.flatten())
         })
         .await
-        .map_err(storage_err(subject::read_logs))
+        .map_err(std::io::Error::from)
     }
 
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError<NodeId>>
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), std::io::Error>
     where
         I: IntoIterator<Item = LogEntry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -301,23 +298,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<LogEntry> = entries.into_iter().collect();
         // Inline: an unsynced write goes to the memtable and the WAL's page cache in
         // microseconds (the fsync is the syncer's); a hop to the blocking pool would cost more.
-        append_entries(&self.db, &entries).map_err(storage_err(subject::write_logs))?;
+        append_entries(&self.db, &entries).map_err(std::io::Error::from)?;
         // Written but not yet synced: the syncer completes the callback once it is on disk,
         // and only then may openraft count it towards a quorum.
         self.syncer.syncer.submit(appended, callback);
         Ok(())
     }
 
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+    /// Keeps the log up to and including `last_log_id` and deletes everything after it.
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), std::io::Error> {
         let db = self.db.clone();
-        blocking(move || truncate_from(&db, log_id.index))
-            .await
-            .map_err(storage_err(subject::write_logs))
+        let from = last_log_id.map_or(0, |l| l.index.saturating_add(1));
+        blocking(move || truncate_from(&db, from)).await.map_err(std::io::Error::from)
     }
 
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+    async fn purge(&mut self, log_id: LogId) -> Result<(), std::io::Error> {
         let db = self.db.clone();
-        blocking(move || purge_upto(&db, log_id)).await.map_err(storage_err(subject::write_logs))
+        blocking(move || purge_upto(&db, log_id)).await.map_err(std::io::Error::from)
     }
 }
 
@@ -352,21 +349,24 @@ mod tests {
         assert_eq!(syncs(), before + 1, "append");
         log.save_vote(&Vote::new(2, 7)).await.expect("vote");
         assert_eq!(syncs(), before + 2, "save_vote");
-        log.truncate(log_id(1, 0, 5)).await.expect("truncate");
+        log.truncate_after(Some(log_id::<TypeConfig>(1, 0, 4))).await.expect("truncate");
         assert_eq!(syncs(), before + 3, "truncate");
-        log.purge(log_id(1, 0, 2)).await.expect("purge");
+        log.purge(log_id::<TypeConfig>(1, 0, 2)).await.expect("purge");
         assert_eq!(syncs(), before + 4, "purge");
-        log.save_committed(Some(log_id(1, 0, 3))).await.expect("committed");
+        log.save_committed(Some(log_id::<TypeConfig>(1, 0, 3))).await.expect("committed");
         assert_eq!(syncs(), before + 4, "save_committed rides on the next synced write");
         drop((log, db));
 
         let mut log = open(dir.path());
         assert_eq!(indexes(&mut log).await, [3, 4]);
         assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(2, 7)));
-        assert_eq!(log.read_committed().await.expect("committed"), Some(log_id(1, 0, 3)));
+        assert_eq!(
+            log.read_committed().await.expect("committed"),
+            Some(log_id::<TypeConfig>(1, 0, 3))
+        );
         let state = log.get_log_state().await.expect("state");
-        assert_eq!(state.last_purged_log_id, Some(log_id(1, 0, 2)));
-        assert_eq!(state.last_log_id, Some(log_id(1, 0, 4)));
+        assert_eq!(state.last_purged_log_id, Some(log_id::<TypeConfig>(1, 0, 2)));
+        assert_eq!(state.last_log_id, Some(log_id::<TypeConfig>(1, 0, 4)));
     }
 
     #[tokio::test]
@@ -391,9 +391,9 @@ mod tests {
         assert!(read((Bound::Excluded(u64::MAX), Bound::Unbounded)).await.is_empty());
         assert_eq!(read((Bound::Included(9), Bound::Included(u64::MAX))).await, [9]);
         // The purged-only log still reports where it ends.
-        log.purge(log_id(1, 0, 9)).await.expect("purge");
+        log.purge(log_id::<TypeConfig>(1, 0, 9)).await.expect("purge");
         assert!(indexes(&mut log).await.is_empty());
         let state = log.get_log_state().await.expect("state");
-        assert_eq!(state.last_log_id, Some(log_id(1, 0, 9)));
+        assert_eq!(state.last_log_id, Some(log_id::<TypeConfig>(1, 0, 9)));
     }
 }

@@ -23,15 +23,13 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use delayd_core::{codec, Cf};
-use openraft::{BasicNode, SnapshotMeta};
 use serde::{Deserialize, Serialize};
 
 use crate::db::{ReadView, SM_RESERVED_PREFIX};
 use crate::error::StoreError;
-use crate::NodeId;
 
 /// A snapshot's metadata as openraft sees it.
-pub(crate) type Meta = SnapshotMeta<NodeId, BasicNode>;
+pub(crate) type Meta = crate::SnapshotMeta;
 
 /// A snapshot file in the snapshot directory and what it contains; stored in `raft_meta` as
 /// the current snapshot, and as the marker of an unfinished install.
@@ -420,17 +418,12 @@ pub(crate) fn is_same_file(_file: &File, _path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use openraft::StoredMembership;
-
     use super::*;
     use crate::db;
+    use crate::StoredMembership;
 
     fn meta() -> Meta {
-        Meta {
-            last_log_id: None,
-            last_membership: StoredMembership::default(),
-            snapshot_id: "test".into(),
-        }
+        Meta { last_log_id: None, last_membership: StoredMembership::default() }
     }
 
     fn sample(dir: &Path) -> Vec<u8> {

@@ -74,9 +74,15 @@ async fn main() -> anyhow::Result<()> {
     let node = Node::start(config).await.context("cannot start the node")?;
     tracing::info!(addr = %listener.local_addr()?, "serving HTTP");
 
-    serve_http(listener, http::router(node.clone()), &limits, shutdown_signal())
-        .await
-        .context("HTTP server")?;
+    // On SIGTERM a leader first hands leadership over while it still serves HTTP (its
+    // clients' writes are forwarded to the new leader meanwhile), so the cluster never waits
+    // out an election; then HTTP stops, then the cluster node.
+    let stepping_down = node.clone();
+    let stop = async move {
+        shutdown_signal().await;
+        stepping_down.cluster().step_down().await;
+    };
+    serve_http(listener, http::router(node.clone()), &limits, stop).await.context("HTTP server")?;
     node.shutdown().await;
     tracing::info!("stopped");
     Ok(())

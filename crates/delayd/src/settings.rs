@@ -86,15 +86,22 @@ pub struct Settings {
     /// Log entries kept behind a snapshot [default: 10000].
     #[arg(long, env = "DELAYD_KEEP_LOGS")]
     pub keep_logs: Option<u64>,
-    /// Raft heartbeat interval, also each replication RPC's timeout, in ms [default: 150].
+    /// Raft heartbeat interval, also each replication RPC's timeout, in ms [default: 100].
     #[arg(long, env = "DELAYD_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
-    /// Shortest election timeout, in ms [default: 750].
+    /// Shortest election timeout, in ms [default: 400].
     #[arg(long, env = "DELAYD_ELECTION_TIMEOUT_MIN_MS")]
     pub election_timeout_min_ms: Option<u64>,
-    /// Longest election timeout, in ms [default: 1500].
+    /// Longest election timeout, also the leader's lease, in ms [default: 600].
     #[arg(long, env = "DELAYD_ELECTION_TIMEOUT_MAX_MS")]
     pub election_timeout_max_ms: Option<u64>,
+    /// How long a stopping leader waits for a voter to take over, in ms [default: 2000].
+    #[arg(long, env = "DELAYD_TRANSFER_TIMEOUT_MS")]
+    pub transfer_timeout_ms: Option<u64>,
+    /// Serve linearizable reads on the leader's lease rather than a quorum round trip each
+    /// [default: true].
+    #[arg(long, env = "DELAYD_LEASE_READS", num_args = 0..=1, default_missing_value = "true")]
+    pub lease_reads: Option<bool>,
     /// Turn authentication off: every API open to anyone. For a laptop, never a server
     /// [default: false].
     #[arg(long, env = "DELAYD_DEV", num_args = 0..=1, default_missing_value = "true",
@@ -170,6 +177,8 @@ impl Settings {
             heartbeat_ms: Some(c.heartbeat_ms),
             election_timeout_min_ms: Some(c.election_timeout_ms.0),
             election_timeout_max_ms: Some(c.election_timeout_ms.1),
+            transfer_timeout_ms: Some(c.transfer_timeout_ms),
+            lease_reads: Some(c.lease_reads),
             dev: Some(false),
             admin_token: None,
             admin_token_file: None,
@@ -190,7 +199,7 @@ impl Settings {
             max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
             max_in_flight, batch_linger_us,
             tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
-            election_timeout_max_ms, dev, admin_token, admin_token_file, public_metrics,
+            election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token, admin_token_file, public_metrics,
             log_level, log_json, debug_clock,
         )
     }
@@ -328,6 +337,12 @@ impl Settings {
             keep_logs: self.keep_logs.unwrap_or(d.keep_logs),
             heartbeat_ms,
             election_timeout_ms: (min, max),
+            transfer_timeout_ms: positive(
+                "transfer_timeout_ms",
+                self.transfer_timeout_ms,
+                d.transfer_timeout_ms,
+            )?,
+            lease_reads: self.lease_reads.unwrap_or(d.lease_reads),
             auth: AuthConfig {
                 dev,
                 admin_token,

@@ -4,26 +4,28 @@
 //! address its peers know as `BasicNode::addr`):
 //!
 //! - `Raft` hands openraft's messages to the local [`Raft`] node: each request payload is
-//!   openraft's own request and each reply payload is the node's whole
-//!   `Result<Response, RaftError>`, both in [`delayd_core::codec`]'s encoding (see
-//!   [`network`](crate::network) for the client side and how errors are mapped). A payload
-//!   that cannot be decoded is answered with `INVALID_ARGUMENT`; that and transport failures
-//!   are the only gRPC errors.
-//! - `Internal.Forward` passes opaque payloads to a [`ForwardHandler`], which the service
-//!   implements: followers use it to send client operations to the leader.
-//! - `delayd.v1.Delayd`, the client API ([`crate::api`]), when the handler names the node it
-//!   serves ([`ForwardHandler::node`]): clients and peers share the port, so the address a
-//!   node advertises in the membership is also where clients find it as leader.
+//!   openraft's own request and each reply payload is the node's whole `Result`, both in
+//!   [`delayd_core::codec`]'s encoding (see [`network`](crate::network) for the client side
+//!   and how errors are mapped). A payload that cannot be decoded is answered with
+//!   `INVALID_ARGUMENT`; that and transport failures are the only gRPC errors. A snapshot
+//!   arrives as a stream (header, then the file's bytes), is written to a file the store hands
+//!   out ([`SnapshotInbox`]) and installed when the stream ends.
+//! - `Internal.Forward` passes opaque payloads to a [`ForwardHandler`] — the
+//!   [`Cluster`](crate::Cluster), which serves forwarded proposals, reads and membership
+//!   changes.
 //!
-//! `Raft` and `Internal` are for the cluster's own nodes: with a cluster credential
-//! ([`ForwardHandler::cluster_secret`], the shared admin token) every call must carry it in
-//! [`CLUSTER_HEADER`], so that a client of the public API on the same port can neither inject
-//! Raft messages nor forward commands past authentication.
+//! The node's owner may add its own services on the same port ([`Routes`]): delayd serves its
+//! client API there, so the address a node advertises in the membership is also where clients
+//! find it as leader.
+//!
+//! `Raft` and `Internal` are for the cluster's own nodes: with a cluster credential every call
+//! must carry it in [`CLUSTER_HEADER`], so that a client of a public API on the same port can
+//! neither inject Raft messages nor forward commands past authentication.
 //!
 //! The gRPC deadline a caller sends is enforced by tonic: a handler whose caller gave up is
 //! dropped. Dropping openraft's `append_entries` or `vote` only discards the reply, but a
-//! snapshot chunk runs in its own task so a caller's deadline never stops a snapshot halfway
-//! through being written or installed.
+//! snapshot install runs in its own task so a caller's deadline never stops a snapshot halfway
+//! through being installed.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,35 +35,26 @@ use delayd_core::codec::{decode, encode};
 use delayd_proto::raft::internal_server::{Internal, InternalServer};
 use delayd_proto::raft::raft_server::RaftServer;
 use delayd_proto::raft::{RaftReply, RaftRequest};
-use delayd_store::Raft;
+use delayd_store::{Raft, Snapshot, SnapshotInbox, SnapshotMeta, Vote};
+use futures::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::{Router, TcpIncoming};
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::network::MAX_MESSAGE_BYTES;
 
-/// Handles `Internal.Forward` calls: what a forwarded payload means is the service's business.
+/// Handles `Internal.Forward` calls: what a forwarded payload means is the handler's business.
 #[tonic::async_trait]
 pub trait ForwardHandler: Send + Sync + 'static {
     /// Handles one forwarded request and returns the reply payload. An error status is sent
     /// to the caller as is.
     async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, Status>;
-
-    /// The node whose client API this server also serves; `None` (the default) serves only
-    /// the internal services, as the bare transport tests want.
-    fn node(&self) -> Option<crate::Node> {
-        None
-    }
-
-    /// The credential peers must show on `Raft` and `Internal` calls; `None` leaves them
-    /// open (authentication off, or a test transport).
-    fn cluster_secret(&self) -> Option<String> {
-        None
-    }
 }
 
 /// Metadata key of the cluster credential on `Raft` and `Internal` calls.
@@ -87,7 +80,7 @@ impl tonic::service::Interceptor for ClusterGuard {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         let Some(secret) = &self.secret else { return Ok(request) };
         let shown = request.metadata().get(CLUSTER_HEADER).and_then(|v| v.to_str().ok());
-        if shown.is_some_and(|s| crate::auth::same(s, secret)) {
+        if shown.is_some_and(|s| same(s, secret)) {
             return Ok(request);
         }
         let now = std::time::SystemTime::now()
@@ -96,21 +89,37 @@ impl tonic::service::Interceptor for ClusterGuard {
         if now.saturating_sub(self.last_warning.swap(now, Ordering::Relaxed)) >= 10 {
             tracing::warn!(
                 "refused an internal call without the cluster credential: every node of a \
-                 cluster needs the same admin token"
+                 cluster needs the same cluster secret (the admin token)"
             );
         }
         Err(Status::unauthenticated("internal services need the cluster credential"))
     }
 }
 
-/// The node's gRPC services (`Raft`, `Internal` and, when the handler names its node, the
-/// client API), ready to serve.
-pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
-    let api = forward.node().map(|node| {
-        crate::metrics::GrpcMetered::new(crate::api::server(&node), node.metrics().clone())
-    });
-    let guard = ClusterGuard::new(forward.cluster_secret());
-    let raft = RaftServer::new(RaftService { raft })
+/// Compares a credential in time independent of where it differs.
+pub fn same(shown: &str, secret: &str) -> bool {
+    let (a, b) = (shown.as_bytes(), secret.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// What the internal server needs from its node.
+pub struct Services {
+    /// The local Raft node.
+    pub raft: Raft,
+    /// Where incoming snapshots are written.
+    pub inbox: SnapshotInbox,
+    /// Serves `Internal.Forward`.
+    pub forward: Arc<dyn ForwardHandler>,
+    /// The credential peers must show; `None` leaves the internal services open.
+    pub secret: Option<String>,
+}
+
+/// The node's internal services beside `extra` (the owner's own services, if any), ready to
+/// serve.
+pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
+    let Services { raft, inbox, forward, secret } = services;
+    let guard = ClusterGuard::new(secret);
+    let raft = RaftServer::new(RaftService { raft, inbox })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let raft = InterceptedService::new(raft, guard.clone());
@@ -118,11 +127,10 @@ pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let internal = InterceptedService::new(internal, guard);
-    Server::builder()
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_service(raft)
-        .add_service(internal)
-        .add_optional_service(api)
+    match extra {
+        Some(routes) => routes.add_service(raft).add_service(internal),
+        None => Routes::new(raft).add_service(internal),
+    }
 }
 
 /// Most calls one HTTP/2 connection may have open at once (hyper sets no limit of its own
@@ -132,21 +140,25 @@ pub fn router(raft: Raft, forward: Arc<dyn ForwardHandler>) -> Router {
 /// leader over one connection, beside its votes: a low limit would make those wait.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
 
-/// Serves the node's internal gRPC services on `listener` until `shutdown` completes, then
-/// stops accepting connections and waits for calls in flight.
+/// Serves `routes` on `listener` until `shutdown` completes, then stops accepting connections
+/// and waits for calls in flight.
 pub async fn serve(
     listener: TcpListener,
-    raft: Raft,
-    forward: Arc<dyn ForwardHandler>,
+    routes: Routes,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    router(raft, forward).serve_with_incoming_shutdown(incoming, shutdown).await
+    Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
 }
 
 /// The `Raft` service over the local node.
 struct RaftService {
     raft: Raft,
+    inbox: SnapshotInbox,
 }
 
 fn decode_request<T: DeserializeOwned>(request: Request<RaftRequest>) -> Result<T, Status> {
@@ -173,15 +185,47 @@ impl delayd_proto::raft::raft_server::Raft for RaftService {
         Ok(reply(&self.raft.vote(rpc).await))
     }
 
-    async fn install_snapshot(
+    async fn pre_vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let rpc = decode_request(request)?;
+        Ok(reply(&self.raft.pre_vote(rpc).await))
+    }
+
+    async fn transfer_leader(
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
         let rpc = decode_request(request)?;
-        let raft = self.raft.clone();
-        let result = tokio::spawn(async move { raft.install_snapshot(rpc).await })
+        Ok(reply(&self.raft.handle_transfer_leader(rpc).await))
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<RaftRequest>>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let mut stream = request.into_inner();
+        let header = stream
+            .next()
             .await
-            .map_err(|e| Status::internal(format!("snapshot chunk task failed: {e}")))?;
+            .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))??;
+        let (vote, meta): (Vote, SnapshotMeta) = decode(&header.payload)
+            .map_err(|e| Status::invalid_argument(format!("undecodable snapshot header: {e}")))?;
+        let mut file = self
+            .inbox
+            .create()
+            .await
+            .map_err(|e| Status::internal(format!("cannot receive a snapshot: {e}")))?;
+        while let Some(chunk) = stream.next().await {
+            file.write_all(&chunk?.payload)
+                .await
+                .map_err(|e| Status::internal(format!("writing the snapshot: {e}")))?;
+        }
+        // Installing can take seconds; a sender that gives up meanwhile must not leave it half
+        // done, so it runs on its own task.
+        let raft = self.raft.clone();
+        let snapshot = Snapshot { meta, snapshot: file };
+        let result = tokio::spawn(async move { raft.install_full_snapshot(vote, snapshot).await })
+            .await
+            .map_err(|e| Status::internal(format!("snapshot install task failed: {e}")))?;
         Ok(reply(&result))
     }
 }

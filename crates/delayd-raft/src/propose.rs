@@ -1,6 +1,6 @@
 //! The proposer: one task that turns concurrent requests into few Raft entries.
 //!
-//! openraft 0.9 appends and fsyncs entries one after another, so a log entry per request caps
+//! openraft appends and fsyncs entries in the order they come, so a log entry per request caps
 //! throughput at the fsync rate. Instead every request hands its commands to this task, which
 //! proposes whatever has queued up as one [`Entry`] and, while that entry is being replicated,
 //! lets the next batch gather. The batch is stamped with the leader's clock here, once.
@@ -15,8 +15,8 @@
 //!
 //! Bounds: an entry holds at most `max_batch` commands and `max_entry_bytes` bytes (by
 //! [`Command::size_bytes`]); a request larger than that alone is refused with 413 before it
-//! queues, so every entry fits the transport. Every proposal has a deadline: openraft 0.9 can
-//! leave a `client_write` unanswered (a deposed leader that catches up by snapshot), so an
+//! queues, so every entry fits the transport. Every proposal has a deadline: openraft can
+//! leave a `client_write` unanswered for long (a deposed leader that catches up by snapshot), so an
 //! entry that is not answered within `timeout` frees its in-flight slot and its requests get
 //! 503 "outcome unknown" instead of stalling every later write and the timer pump.
 //!
@@ -27,20 +27,21 @@
 //! line until its deadline passes with an unknown outcome.
 
 use delayd_core::{Command, Entry, Outcome};
-use delayd_store::Raft;
+use delayd_store::{Raft, TypeConfig};
 use openraft::error::{ClientWriteError, RaftError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::task::JoinHandle;
 
 use crate::clock::Clock;
-use crate::error::ServiceError;
+use crate::error::ClusterError;
 
 struct Pending {
     commands: Vec<Command>,
     bytes: usize,
-    reply: oneshot::Sender<Result<Vec<Outcome>, ServiceError>>,
+    reply: oneshot::Sender<Result<Vec<Outcome>, ClusterError>>,
 }
 
 /// How many full entries' worth of request bytes may be queued or in flight at once.
@@ -72,30 +73,38 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the proposer over `raft`, stamping each entry with `clock`.
-    pub fn spawn(raft: Raft, clock: Clock, config: ProposerConfig) -> Self {
+    /// Starts the proposer over `raft`, stamping each entry with `clock`. Its task ends when
+    /// `shutdown` flips to true (entries already handed to Raft finish or time out on their
+    /// own); the handle lets the cluster join it.
+    pub fn spawn(
+        raft: Raft,
+        clock: Clock,
+        config: ProposerConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> (Self, JoinHandle<()>) {
         let config = ProposerConfig {
             max_batch: config.max_batch.max(1),
             max_in_flight: config.max_in_flight.max(1),
             ..config
         };
         let (tx, rx) = mpsc::channel(config.max_batch * 4);
-        tokio::spawn(run(raft, clock, rx, config));
+        let task = tokio::spawn(run(raft, clock, rx, config, shutdown));
         let pending_bytes = Arc::new(Semaphore::new(config.max_entry_bytes * PENDING_ENTRIES));
-        Proposer {
+        let proposer = Proposer {
             tx,
             max_entry_bytes: config.max_entry_bytes,
             timeout: config.timeout,
             pending_bytes,
-        }
+        };
+        (proposer, task)
     }
 
     /// Proposes `commands` atomically (they land in the same entry) and returns their
     /// outcomes once the entry is committed and applied, or 503 once the deadline passed.
-    pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ServiceError> {
+    pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ClusterError> {
         let bytes: usize = commands.iter().map(Command::size_bytes).sum();
         if bytes > self.max_entry_bytes {
-            return Err(ServiceError::TooLarge(format!(
+            return Err(ClusterError::TooLarge(format!(
                 "the request needs {bytes} bytes in the log, more than one entry holds \
                  ({}, max_entry_bytes)",
                 self.max_entry_bytes
@@ -104,7 +113,7 @@ impl Proposer {
         // Held until the outcome is known (or the deadline passed).
         let permits = u32::try_from(bytes).unwrap_or(u32::MAX);
         let Ok(_pending) = self.pending_bytes.clone().try_acquire_many_owned(permits) else {
-            return Err(ServiceError::Unavailable(format!(
+            return Err(ClusterError::Unavailable(format!(
                 "overloaded: {} bytes of writes are already waiting for the log; nothing was \
                  written, retry later",
                 self.max_entry_bytes * PENDING_ENTRIES
@@ -116,9 +125,9 @@ impl Proposer {
             tokio::time::timeout_at(deadline, self.tx.send(Pending { commands, bytes, reply }));
         match queued.await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(ServiceError::Unavailable("node is shutting down".into())),
+            Ok(Err(_)) => return Err(ClusterError::Unavailable("node is shutting down".into())),
             Err(_) => {
-                return Err(ServiceError::Unavailable(format!(
+                return Err(ClusterError::Unavailable(format!(
                     "the proposer is saturated: not queued within {:?}; nothing was written",
                     self.timeout
                 )))
@@ -126,25 +135,31 @@ impl Proposer {
         }
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(ServiceError::Unavailable("node is shutting down".into())),
+            Ok(Err(_)) => Err(ClusterError::Unavailable("node is shutting down".into())),
             Err(_) => Err(not_committed(self.timeout)),
         }
     }
 
     /// Proposes one command.
-    pub async fn propose_one(&self, command: Command) -> Result<Outcome, ServiceError> {
+    pub async fn propose_one(&self, command: Command) -> Result<Outcome, ClusterError> {
         self.propose(vec![command])
             .await?
             .pop()
-            .ok_or_else(|| ServiceError::Internal("entry applied without an outcome".into()))
+            .ok_or_else(|| ClusterError::Internal("entry applied without an outcome".into()))
     }
 }
 
-fn not_committed(timeout: Duration) -> ServiceError {
-    ServiceError::Unavailable(format!("not committed within {timeout:?}; the outcome is unknown"))
+fn not_committed(timeout: Duration) -> ClusterError {
+    ClusterError::Unavailable(format!("not committed within {timeout:?}; the outcome is unknown"))
 }
 
-async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, config: ProposerConfig) {
+async fn run(
+    raft: Raft,
+    clock: Clock,
+    mut rx: mpsc::Receiver<Pending>,
+    config: ProposerConfig,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let ProposerConfig { max_batch, max_entry_bytes, max_in_flight, linger, timeout } = config;
     let slots = Arc::new(Semaphore::new(max_in_flight));
     let mut last_size = 0;
@@ -153,12 +168,21 @@ async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, config: 
     loop {
         // A slot first, then the requests: whatever queues while all slots are busy goes
         // into the next entry together.
-        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => return,
+            },
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
         let first = match carried.take() {
             Some(p) => p,
-            None => match rx.recv().await {
-                Some(p) => p,
-                None => return,
+            None => tokio::select! {
+                p = rx.recv() => match p {
+                    Some(p) => p,
+                    None => return,
+                },
+                _ = shutdown.wait_for(|s| *s) => return,
             },
         };
         let mut size = first.commands.len();
@@ -214,7 +238,7 @@ async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, config: 
                 Err(e) => {
                     let err = write_error(e);
                     for reply in replies {
-                        let _ = reply.send(Err(clone_error(&err)));
+                        let _ = reply.send(Err(err.clone()));
                     }
                 }
             }
@@ -223,22 +247,17 @@ async fn run(raft: Raft, clock: Clock, mut rx: mpsc::Receiver<Pending>, config: 
     }
 }
 
-fn write_error(e: RaftError<u64, ClientWriteError<u64, openraft::BasicNode>>) -> ServiceError {
+fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ClusterError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-            ServiceError::NotLeader(f.leader_id)
+            ClusterError::NotLeader(f.leader_id)
         }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-            ServiceError::Internal(e.to_string())
+            ClusterError::Internal(e.to_string())
         }
-        RaftError::Fatal(f) => ServiceError::Unavailable(format!("raft stopped: {f}")),
-    }
-}
-
-fn clone_error(e: &ServiceError) -> ServiceError {
-    match e {
-        ServiceError::Unavailable(m) => ServiceError::Unavailable(m.clone()),
-        ServiceError::NotLeader(l) => ServiceError::NotLeader(*l),
-        other => ServiceError::Internal(other.to_string()),
+        // The entry was appended here, then replaced by a new leader's log: it may still
+        // have been committed through that leader.
+        RaftError::APIError(e) => ClusterError::Unavailable(format!("{e}; the outcome is unknown")),
+        RaftError::Fatal(f) => ClusterError::Unavailable(format!("raft stopped: {f}")),
     }
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use delayd_core::{query, Command, Reply};
 use delayd_store::{Raft, StateReader};
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 use tokio::sync::{watch, Notify};
 
@@ -77,11 +78,11 @@ pub async fn run(
         if *shutdown.borrow() {
             return;
         }
-        let leader = metrics.borrow().state == ServerState::Leader;
+        let leader = metrics.borrow_watched().state == ServerState::Leader;
         if !leader {
             signal.planned_ms.store(u64::MAX, Ordering::Release);
             tokio::select! {
-                r = metrics.wait_for(|m| m.state == ServerState::Leader) => if r.is_err() { return },
+                r = metrics.wait_until(|m| m.state == ServerState::Leader) => if r.is_err() { return },
                 _ = shutdown.changed() => {}
             }
             continue;
@@ -129,7 +130,7 @@ pub async fn run(
             _ = tokio::time::sleep(sleep) => {}
             _ = signal.notify.notified() => {}
             // Metrics change with every applied entry; only losing leadership matters here.
-            r = metrics.wait_for(|m| m.state != ServerState::Leader) => if r.is_err() { return },
+            r = metrics.wait_until(|m| m.state != ServerState::Leader) => if r.is_err() { return },
             _ = shutdown.changed() => {}
         }
     }

@@ -1,0 +1,668 @@
+//! A running cluster node: the Raft node over its store, the internal gRPC server, the
+//! leader-side tasks, and the routing of every operation to the node that can perform it.
+//!
+//! Writes go to the local proposer when this node leads and are forwarded to the leader
+//! otherwise (one hop, over the internal service's cached channels). A retry happens only when
+//! the request certainly was not proposed — the leader was unknown or unreachable, or the
+//! node asked was not the leader — so a retry can never apply a write twice. Anything
+//! ambiguous (a timeout after sending) is reported as such.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use delayd_core::{codec, Command, Effects, Outcome};
+use delayd_store::{
+    NodeId, Raft, ReadView, SnapshotInbox, StateReader, Store, StoreMetrics, TypeConfig,
+};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::error::{ClientWriteError, InitializeError, LinearizableReadError, RaftError};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tonic::service::Routes;
+
+use crate::clock::Clock;
+use crate::config::ClusterConfig;
+use crate::error::ClusterError;
+use crate::forward::{ForwardOp, ForwardReply, NodeStatus};
+use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
+use crate::propose::Proposer;
+use crate::pump::{self, PumpSignal};
+use crate::server::{self, ForwardHandler, Services};
+
+/// What the node's owner wants to hear about the replicated state.
+pub trait Observer: Send + Sync + 'static {
+    /// An applied batch of entries had these effects (called on the apply path: be quick).
+    fn applied(&self, effects: &Effects);
+
+    /// A snapshot from the leader replaced the whole state without going through apply, so
+    /// nothing reported which queues gained jobs or which tokens went: look at everything again.
+    fn replaced(&self);
+}
+
+/// A started cluster node. Cheap to clone; every clone is the same node.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ClusterConfig,
+    clock: Clock,
+    raft: Raft,
+    reader: StateReader,
+    inbox: SnapshotInbox,
+    proposer: Proposer,
+    network: GrpcNetwork,
+    shutdown: watch::Sender<bool>,
+    /// The background tasks, joined by [`Cluster::shutdown`].
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The bound gRPC listener until [`Cluster::serve`] takes it.
+    listener: Mutex<Option<TcpListener>>,
+}
+
+/// How long [`Cluster::shutdown`] waits for its tasks (the gRPC server waits for calls in
+/// flight, such as a client's long poll) before it abandons them.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn raft_config(c: &ClusterConfig) -> Result<openraft::Config, ClusterError> {
+    let t = c.timing;
+    let config = openraft::Config {
+        cluster_name: "delayd".into(),
+        heartbeat_interval: t.heartbeat_ms,
+        election_timeout_min: t.election_timeout_ms.0,
+        election_timeout_max: t.election_timeout_ms.1,
+        // A node that was cut off or paused asks before it campaigns, so it cannot depose a
+        // healthy leader with the term it inflated while alone.
+        enable_pre_vote: Some(true),
+        // Covers sending and installing a whole snapshot: a 1M-job install takes seconds.
+        install_snapshot_timeout: 120_000,
+        // As many entries per AppendEntries as the transport's message surely holds when
+        // every one is as large as allowed (openraft 0.10 cannot split a batch that is too
+        // large), less one for the request's own fields, and at most 32: a catching-up
+        // follower gets batches it can decode and fsync within the replication timeout.
+        max_payload_entries: (MAX_MESSAGE_BYTES / c.proposer.max_entry_bytes.max(1))
+            .saturating_sub(1)
+            .clamp(1, 32) as u64,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(c.snapshot_logs),
+        max_in_snapshot_log_to_keep: c.keep_logs,
+        ..Default::default()
+    };
+    config.validate().map_err(|e| ClusterError::BadRequest(format!("raft config: {e}")))
+}
+
+/// Serves `Internal.Forward` for the node without keeping it alive.
+struct Handler(Weak<Inner>);
+
+#[tonic::async_trait]
+impl ForwardHandler for Handler {
+    async fn forward(&self, payload: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+        let inner = self.0.upgrade().ok_or_else(|| tonic::Status::unavailable("shutting down"))?;
+        let op: ForwardOp = codec::decode(&payload)
+            .map_err(|e| tonic::Status::invalid_argument(format!("bad forward payload: {e}")))?;
+        let cluster = Cluster { inner };
+        let reply = match cluster.serve_forwarded(op).await {
+            Ok(r) => r,
+            Err(e) => ForwardReply::Failed(e),
+        };
+        Ok(codec::encode(&reply))
+    }
+}
+
+impl Cluster {
+    /// Opens the store under `config.data_dir`, starts Raft, the proposer and the timer pump,
+    /// and binds the gRPC listener; [`Cluster::serve`] then starts serving and forms the
+    /// cluster. `observer` hears about every applied batch.
+    pub async fn open(
+        mut config: ClusterConfig,
+        observer: Arc<dyn Observer>,
+        store_metrics: StoreMetrics,
+    ) -> Result<Cluster, ClusterError> {
+        config.validate().map_err(ClusterError::BadRequest)?;
+        let listener = TcpListener::bind(config.grpc_addr).await.map_err(|e| {
+            ClusterError::Unavailable(format!("cannot listen on {}: {e}", config.grpc_addr))
+        })?;
+        // Port 0 (tests): advertise the port the OS chose.
+        if config.grpc_addr.port() == 0 && config.advertise_addr.is_none() {
+            if let Ok(local) = listener.local_addr() {
+                config.grpc_addr = local;
+            }
+        }
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            ClusterError::Internal(format!("cannot create {}: {e}", config.data_dir.display()))
+        })?;
+        let dir = config.data_dir.clone();
+        let (log, sm) =
+            tokio::task::spawn_blocking(move || Store::open_with_metrics(&dir, store_metrics))
+                .await
+                .map_err(|e| ClusterError::Internal(e.to_string()))??;
+        let reader = sm.reader();
+        let inbox = sm.inbox();
+        let network = GrpcNetwork::new(config.node_id, config.cluster_secret.as_deref())
+            .map_err(ClusterError::BadRequest)?
+            .with_filter(config.faults.clone());
+        let raft =
+            Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
+                .await
+                .map_err(|e| ClusterError::Internal(format!("raft: {e}")))?;
+
+        let signal = Arc::new(PumpSignal::default());
+        {
+            let (observer, signal) = (observer.clone(), signal.clone());
+            reader.set_listener(Arc::new(move |effects: &Effects| {
+                observer.applied(effects);
+                if let Some(t) = effects.earliest_timer_ms {
+                    signal.timer_added(t);
+                }
+            }));
+        }
+        let clock = Clock::default();
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (proposer, proposer_task) =
+            Proposer::spawn(raft.clone(), clock.clone(), config.proposer, shutdown_rx.clone());
+        let tasks = vec![
+            proposer_task,
+            tokio::spawn(watch_snapshots(
+                raft.clone(),
+                observer,
+                signal.clone(),
+                shutdown_rx.clone(),
+            )),
+            tokio::spawn(pump::run(
+                raft.clone(),
+                reader.clone(),
+                proposer.clone(),
+                clock.clone(),
+                signal,
+                config.tick_limit,
+                shutdown_rx,
+            )),
+        ];
+        Ok(Cluster {
+            inner: Arc::new(Inner {
+                config,
+                clock,
+                raft,
+                reader,
+                inbox,
+                proposer,
+                network,
+                shutdown,
+                tasks: Mutex::new(tasks),
+                listener: Mutex::new(Some(listener)),
+            }),
+        })
+    }
+
+    /// Serves the internal services, and `extra` beside them, on the node's gRPC address until
+    /// [`Cluster::shutdown`]; then forms the cluster on first start (a restart finds it
+    /// formed; a `join` node waits to be added).
+    pub async fn serve(&self, extra: Option<Routes>) -> Result<(), ClusterError> {
+        let listener = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| ClusterError::Internal("the cluster is already serving".into()))?;
+        let services = Services {
+            raft: self.inner.raft.clone(),
+            inbox: self.inner.inbox.clone(),
+            forward: Arc::new(Handler(Arc::downgrade(&self.inner))),
+            secret: self.inner.config.cluster_secret.clone(),
+        };
+        let routes = server::routes(services, extra);
+        let mut stop = self.inner.shutdown.subscribe();
+        let task = tokio::spawn(async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = server::serve(listener, routes, stopped).await {
+                tracing::error!(error = %e, "internal gRPC server stopped");
+            }
+        });
+        self.inner.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
+        self.form().await?;
+        tracing::info!(
+            node_id = self.inner.config.node_id,
+            grpc = %self.inner.config.advertised(),
+            data_dir = %self.inner.config.data_dir.display(),
+            "cluster node serving"
+        );
+        Ok(())
+    }
+
+    async fn form(&self) -> Result<(), ClusterError> {
+        let c = &self.inner.config;
+        let raft = &self.inner.raft;
+        let initialized =
+            raft.is_initialized().await.map_err(|e| ClusterError::Internal(e.to_string()))?;
+        if initialized || c.join {
+            return Ok(());
+        }
+        let members: BTreeMap<u64, BasicNode> = if c.initial_members.is_empty() {
+            BTreeMap::from([(c.node_id, BasicNode::new(c.advertised()))])
+        } else {
+            c.initial_members.iter().map(|(id, a)| (*id, BasicNode::new(a.clone()))).collect()
+        };
+        // Every founding node proposes the same membership: whichever wins the first
+        // election commits it, and the others' attempts are refused as NotAllowed.
+        match raft.initialize(members).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+            Err(e) => Err(ClusterError::Internal(format!("initialize: {e}"))),
+        }
+    }
+
+    /// If this node leads, hands leadership to the most caught-up voter and waits (at most
+    /// the transfer timeout) until that voter leads, so the cluster does not wait out an
+    /// election timeout when this node goes away. The node keeps running, as a follower.
+    pub async fn step_down(&self) {
+        if !self.is_leader() {
+            return;
+        }
+        match self.hand_over(None).await {
+            Ok(to) => tracing::info!(to, "handed leadership over"),
+            // A single node, or no voter could take over in time: go on anyway.
+            Err(e) => tracing::info!(reason = %e, "no leadership hand-over"),
+        }
+    }
+
+    /// Stops the node: steps down first ([`Cluster::step_down`]), then the pump, the
+    /// proposer, the gRPC server and Raft stop, and their tasks are joined. Acknowledged writes
+    /// are already durable.
+    pub async fn shutdown(&self) {
+        self.step_down().await;
+        let _ = self.inner.shutdown.send(true);
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        let deadline = Instant::now() + JOIN_TIMEOUT;
+        for task in tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                tracing::warn!("a background task did not stop within {JOIN_TIMEOUT:?}; abandoned");
+                abort.abort();
+            }
+        }
+    }
+
+    /// The node's configuration (with the advertised port filled in).
+    pub fn config(&self) -> &ClusterConfig {
+        &self.inner.config
+    }
+
+    /// The node's wall clock (the one that stamps entries when this node leads).
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// The openraft handle, for metrics.
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    /// Raft's current metrics.
+    pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
+        self.inner.raft.metrics().borrow_watched().clone()
+    }
+
+    /// Whether this node currently leads.
+    pub fn is_leader(&self) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        m.state == ServerState::Leader && m.current_leader == Some(self.inner.config.node_id)
+    }
+
+    /// The leader this node knows of, with its address.
+    pub fn leader(&self) -> Option<(NodeId, Option<String>)> {
+        // On every forwarded request: borrow the metrics, don't clone them.
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        let leader = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone());
+        Some((leader, addr))
+    }
+
+    /// A view of the local replica. Unless `stale`, it first waits until the replica has
+    /// applied everything the leader had committed when asked (the read-index protocol), so
+    /// the view is linearizable; a stale view may lag the leader by a few entries.
+    pub async fn read(&self, stale: bool) -> Result<ReadView<'_>, ClusterError> {
+        if !stale {
+            self.read_barrier().await?;
+        }
+        Ok(self.inner.reader.read_view()?)
+    }
+
+    /// The replica's read handle (for reads that manage their own consistency).
+    pub fn reader(&self) -> &StateReader {
+        &self.inner.reader
+    }
+
+    /// Proposes `commands` atomically on the leader, wherever it is, and returns their
+    /// outcomes once applied; bounded by the request timeout.
+    pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ClusterError> {
+        let timeout = self.inner.config.request_timeout;
+        let deadline = Instant::now() + timeout;
+        let fut = self.on_leader(ForwardOp::Propose(commands), deadline);
+        match tokio::time::timeout_at(deadline, fut).await {
+            Ok(Ok(ForwardReply::Outcomes(o))) => Ok(o),
+            Ok(Ok(other)) => Err(ClusterError::Internal(format!("unexpected reply {other:?}"))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ClusterError::Unavailable(format!(
+                "not committed within {timeout:?}; the outcome is unknown"
+            ))),
+        }
+    }
+
+    /// Waits until the local replica has applied everything the leader had committed when
+    /// asked, so a local read after it is linearizable.
+    pub async fn read_barrier(&self) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        let index =
+            match tokio::time::timeout_at(deadline, self.on_leader(ForwardOp::ReadIndex, deadline))
+                .await
+            {
+                Ok(Ok(ForwardReply::ReadIndex(i))) => i,
+                Ok(Ok(other)) => {
+                    return Err(ClusterError::Internal(format!("unexpected reply {other:?}")))
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(ClusterError::Unavailable(
+                        "no quorum for a linearizable read".into(),
+                    ))
+                }
+            };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        self.inner
+            .raft
+            .wait(Some(remaining))
+            .applied_index_at_least(index, "read index")
+            .await
+            .map_err(|e| ClusterError::Unavailable(format!("replica did not catch up: {e}")))?;
+        Ok(())
+    }
+
+    /// Runs a membership operation (or a leadership transfer) on the leader.
+    pub async fn change_members(&self, op: ForwardOp) -> Result<BTreeSet<u64>, ClusterError> {
+        // Adding a learner waits for it to catch up, which may take a snapshot transfer.
+        let deadline =
+            Instant::now() + self.inner.config.request_timeout.max(Duration::from_secs(60));
+        match self.on_leader(op, deadline).await? {
+            ForwardReply::Members(m) => Ok(m),
+            other => Err(ClusterError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Hands leadership to voter `to`, or to the most caught-up voter when `None`, wherever
+    /// the leader is; returns the new leader once it leads.
+    pub async fn transfer_leader(&self, to: Option<u64>) -> Result<u64, ClusterError> {
+        let timeout = Duration::from_millis(self.inner.config.timing.transfer_timeout_ms);
+        let deadline = Instant::now() + self.inner.config.request_timeout.max(timeout * 2);
+        let op = ForwardOp::TransferLeader { to };
+        match self.on_leader(op, deadline).await? {
+            ForwardReply::Leader(l) => Ok(l),
+            other => Err(ClusterError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// On the leader: hands leadership to `to` (or the most caught-up voter) and waits until
+    /// another node leads, at most the transfer timeout.
+    async fn hand_over(&self, to: Option<u64>) -> Result<u64, ClusterError> {
+        let me = self.inner.config.node_id;
+        let metrics = self.metrics();
+        if metrics.state != ServerState::Leader {
+            return Err(ClusterError::NotLeader(metrics.current_leader));
+        }
+        let voters: BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
+        let to = match to {
+            Some(to) if to == me => return Ok(me),
+            Some(to) if !voters.contains(&to) => {
+                return Err(ClusterError::BadRequest(format!(
+                    "node {to} is not a voter; voters: {voters:?}"
+                )))
+            }
+            Some(to) => to,
+            None => most_caught_up(&metrics, me, &voters).ok_or_else(|| {
+                ClusterError::BadRequest("no other voter to hand leadership to".into())
+            })?,
+        };
+        self.inner
+            .raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| ClusterError::Unavailable(format!("raft stopped: {e}")))?;
+        let timeout = Duration::from_millis(self.inner.config.timing.transfer_timeout_ms);
+        let moved = self
+            .inner
+            .raft
+            .wait(Some(timeout))
+            .metrics(|m| m.current_leader.is_some_and(|l| l != me), format!("node {to} takes over"))
+            .await
+            .map_err(|e| ClusterError::Unavailable(format!("no voter took over in time: {e}")))?;
+        moved
+            .current_leader
+            .ok_or_else(|| ClusterError::Internal("a leader appeared and vanished".into()))
+    }
+
+    /// Sends `op` to the leader (itself included) until it is served or `deadline` passes,
+    /// retrying only while nothing can have been applied.
+    async fn on_leader(
+        &self,
+        op: ForwardOp,
+        deadline: Instant,
+    ) -> Result<ForwardReply, ClusterError> {
+        let me = self.inner.config.node_id;
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            let attempt = match self.leader() {
+                Some((leader, _)) if leader == me => match self.serve_forwarded(op.clone()).await {
+                    Err(e @ ClusterError::NotLeader(_)) => Try::Retry(e),
+                    r => Try::Done(r),
+                },
+                Some((leader, Some(addr))) => {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    let sent =
+                        self.inner.network.forward(leader, &addr, codec::encode(&op), remaining);
+                    match sent.await {
+                        Ok(bytes) => match codec::decode::<ForwardReply>(&bytes)? {
+                            ForwardReply::Failed(e @ ClusterError::NotLeader(_)) => Try::Retry(e),
+                            ForwardReply::Failed(e) => Try::Done(Err(e)),
+                            reply => Try::Done(Ok(reply)),
+                        },
+                        // Never sent: safe to try again.
+                        Err(ForwardError::Unreachable(e)) => Try::Retry(ClusterError::Unavailable(
+                            format!("leader {leader} unreachable: {e}"),
+                        )),
+                        Err(ForwardError::Status(s)) => {
+                            Try::Done(Err(ClusterError::Unavailable(format!(
+                                "forwarding to leader {leader} failed, outcome unknown: {}",
+                                s.message()
+                            ))))
+                        }
+                    }
+                }
+                _ => Try::Retry(ClusterError::NotLeader(None)),
+            };
+            match attempt {
+                Try::Done(r) => return r,
+                Try::Retry(e) => {
+                    if Instant::now() >= deadline {
+                        return Err(ClusterError::Unavailable(format!(
+                            "no leader could serve the request in time, nothing was written ({e})"
+                        )));
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                        _ = metrics.changed() => {}
+                        _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves an operation that must run on the leader; `NotLeader` when this node is not.
+    async fn serve_forwarded(&self, op: ForwardOp) -> Result<ForwardReply, ClusterError> {
+        let raft = &self.inner.raft;
+        match op {
+            ForwardOp::Propose(commands) => {
+                Ok(ForwardReply::Outcomes(self.inner.proposer.propose(commands).await?))
+            }
+            ForwardOp::ReadIndex => {
+                let policy = if self.inner.config.lease_reads {
+                    ReadPolicy::LeaseRead
+                } else {
+                    ReadPolicy::ReadIndex
+                };
+                match raft.get_read_linearizer(policy).await {
+                    Ok(linearizer) => {
+                        Ok(ForwardReply::ReadIndex(Some(linearizer.read_log_id().index())))
+                    }
+                    Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
+                        Err(ClusterError::NotLeader(f.leader_id))
+                    }
+                    Err(e) => Err(ClusterError::Unavailable(e.to_string())),
+                }
+            }
+            ForwardOp::AddLearner { id, addr } => {
+                raft.add_learner(id, BasicNode::new(addr), true).await.map_err(membership_error)?;
+                Ok(ForwardReply::Members(self.voters()))
+            }
+            ForwardOp::Promote { id } => {
+                let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+                raft.change_membership(change, false).await.map_err(membership_error)?;
+                Ok(ForwardReply::Members(self.voters()))
+            }
+            ForwardOp::Remove { id } => {
+                let change = if self.voters().contains(&id) {
+                    ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+                } else {
+                    ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+                };
+                raft.change_membership(change, false).await.map_err(membership_error)?;
+                Ok(ForwardReply::Members(self.voters()))
+            }
+            ForwardOp::TransferLeader { to } => Ok(ForwardReply::Leader(self.hand_over(to).await?)),
+            ForwardOp::Status => Ok(ForwardReply::Status(self.status())),
+        }
+    }
+
+    /// The current voters.
+    pub fn voters(&self) -> BTreeSet<u64> {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow_watched();
+        m.membership_config.membership().voter_ids().collect()
+    }
+
+    /// This node's own view.
+    pub fn status(&self) -> NodeStatus {
+        let m = self.metrics();
+        NodeStatus {
+            id: m.id,
+            state: format!("{:?}", m.state),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.map(|l| l.index),
+            snapshot: m.snapshot.map(|l| l.index),
+            purged: m.purged.map(|l| l.index),
+        }
+    }
+
+    /// Asks member `id` at `addr` for its view over the internal service.
+    pub async fn peer_status(&self, id: u64, addr: &str) -> Result<NodeStatus, ClusterError> {
+        let payload = codec::encode(&ForwardOp::Status);
+        let bytes = self
+            .inner
+            .network
+            .forward(id, addr, payload, Duration::from_millis(500))
+            .await
+            .map_err(|e| ClusterError::Unavailable(e.to_string()))?;
+        match codec::decode::<ForwardReply>(&bytes)? {
+            ForwardReply::Status(s) => Ok(s),
+            other => Err(ClusterError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Triggers a snapshot of this node's state machine.
+    pub async fn snapshot(&self) -> Result<(), ClusterError> {
+        self.inner
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| ClusterError::Internal(e.to_string()))
+    }
+}
+
+/// The voter other than `me` whose log matches the leader's furthest.
+fn most_caught_up(
+    metrics: &RaftMetrics<TypeConfig>,
+    me: u64,
+    voters: &BTreeSet<u64>,
+) -> Option<u64> {
+    let replication = metrics.replication.as_ref()?;
+    voters
+        .iter()
+        .filter(|id| **id != me)
+        .max_by_key(|id| replication.get(id).and_then(|m| m.as_ref().map(|l| l.index)))
+        .copied()
+}
+
+/// One attempt to reach the leader.
+enum Try {
+    /// Certainly not applied; may be retried.
+    Retry(ClusterError),
+    /// Served, or failed in a way a retry could make worse.
+    Done(Result<ForwardReply, ClusterError>),
+}
+
+fn membership_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ClusterError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            ClusterError::NotLeader(f.leader_id)
+        }
+        // An invalid change (unknown learner, a change already in progress, ...).
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ClusterError::BadRequest(e.to_string())
+        }
+        RaftError::APIError(e) => ClusterError::Unavailable(format!("{e}; the outcome is unknown")),
+        RaftError::Fatal(f) => ClusterError::Unavailable(f.to_string()),
+    }
+}
+
+/// A snapshot installed from the leader replaces the state wholesale without going through
+/// apply: tell the observer, and wake the pump to look at the timer index again.
+async fn watch_snapshots(
+    raft: Raft,
+    observer: Arc<dyn Observer>,
+    signal: Arc<PumpSignal>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut metrics = raft.metrics();
+    let mut last = metrics.borrow_watched().snapshot;
+    loop {
+        tokio::select! {
+            r = metrics.changed() => if r.is_err() { return },
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let (snapshot, state) = {
+            let m = metrics.borrow_watched();
+            (m.snapshot, m.state)
+        };
+        if snapshot != last {
+            last = snapshot;
+            if state != ServerState::Leader {
+                observer.replaced();
+                signal.timer_added(0);
+            }
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! # The Raft transport, client side: openraft's network over gRPC
+//!
+//! One [`GrpcNetwork`] serves a whole node. openraft clones it as its network factory and
+//! asks it for one [`GrpcConnection`] per peer; the service keeps another clone to forward
+//! requests to the leader ([`GrpcNetwork::forward`]). Every clone shares one cache of tonic
+//! [`Channel`]s keyed by the peer's address (`BasicNode::addr`, `host:port`), so replication,
+//! elections, snapshots and forwarding to a peer all ride on one HTTP/2 connection. Channels
+//! connect lazily, on the first call, and reconnect by themselves after the peer restarts; a
+//! connection attempt gives up after [`CONNECT_TIMEOUT`], and HTTP/2 keep-alive pings close a
+//! connection whose peer vanished without a FIN (a partition), so the next call reconnects
+//! instead of timing out forever on a dead socket.
+//!
+//! ## Wire format
+//!
+//! Each openraft call is one unary call of the `delayd.raft.v1.Raft` service
+//! (`proto/raft.proto`). The request payload is openraft's own request, and the reply payload
+//! is the receiver's whole `Result<Response, Error>`, both encoded with
+//! [`delayd_core::codec`] (a version byte, then postcard). A Raft-level error on the receiver
+//! (it stopped, its storage failed, a snapshot chunk arrived out of order) therefore travels
+//! back as a value, and a gRPC status always means the transport failed.
+//!
+//! ## How failures reach openraft
+//!
+//! | what happened | openraft sees | openraft does |
+//! |---|---|---|
+//! | the receiver returned `Err(RaftError)` | [`RPCError::RemoteError`] | reports it |
+//! | no connection: refused, reset, peer shutting down (`UNAVAILABLE`), bad address | [`RPCError::Unreachable`] | backs off ([`GrpcConnection`]'s `backoff`) |
+//! | the peer speaks another protocol or refuses our credential: `UNIMPLEMENTED`, `INVALID_ARGUMENT`, `UNAUTHENTICATED`, undecodable reply | [`RPCError::Unreachable`] | backs off: retrying at once cannot help |
+//! | the receiver's Raft has stopped (`Fatal`) | [`RPCError::Unreachable`] | backs off |
+//! | the deadline passed, or any other status | [`RPCError::Network`] | retries with the next heartbeat |
+//! | the fault filter (tests) dropped the call | [`RPCError::Unreachable`] | backs off |
+//!
+//! ## Timeouts
+//!
+//! openraft passes each call its own time to live (the heartbeat interval for replication,
+//! the election timeout for votes, `install_snapshot_timeout` for a whole snapshot). It is
+//! sent as the gRPC deadline, so the receiver abandons work nobody waits for, and enforced
+//! here as well.
+//!
+//! ## Snapshots
+//!
+//! openraft 0.10 hands the network a whole snapshot (an open file). It travels as one
+//! client-streaming call: a header with the leader's vote and the snapshot's metadata, then
+//! the file in 1 MiB messages read as HTTP/2 flow control asks for them. The receiver writes
+//! them to a file in its snapshot directory and installs it when the stream ends.
+//!
+//! ## Fault injection
+//!
+//! A [`FaultFilter`] (tests only) sees every outgoing call — Raft and forwarding alike — and
+//! may pass, delay or drop it. The in-process cluster harness uses it to partition nodes and
+//! slow links without processes or network namespaces.
+//!
+//! ## Caveats
+//!
+//! - Snapshot messages share the connection with heartbeats. HTTP/2 interleaves them, but on
+//!   a slow link a large message can still delay a heartbeat past its timeout.
+//! - `install_snapshot_timeout` must cover sending *and* installing the whole snapshot on the
+//!   receiver; otherwise the leader starts the transfer again.
+//! - Only a connection that could not be opened is [`ForwardError::Unreachable`] (the call
+//!   was never sent). A connection that breaks mid-call is a [`ForwardError::Status`], and a
+//!   forwarded write may then have happened. openraft's calls are safe to repeat, so the
+//!   Raft side does not need the distinction.
+//! - A channel's background task runs on the tokio runtime that first used the address.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use delayd_core::codec::{decode, encode};
+use delayd_proto::raft::internal_client::InternalClient;
+use delayd_proto::raft::raft_client::RaftClient;
+use delayd_proto::raft::{RaftReply, RaftRequest};
+use delayd_store::{NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
+use futures::StreamExt;
+use openraft::error::{
+    Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
+use serde::de::DeserializeOwned;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::faults::{FaultFilter, Verdict};
+
+/// The largest gRPC message a node sends or accepts, on both the client and the server side.
+/// tonic's default of 4 MiB is smaller than a batch of log entries can be.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// How long one attempt to open a connection to a peer may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often an HTTP/2 connection is pinged, and how long a ping may stay unanswered before
+/// the connection is dropped.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The first and the longest pause after a peer was found unreachable.
+const BACKOFF_FIRST: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The node's gRPC client side: openraft's network factory and the forwarding client, over
+/// one shared cache of channels. Cheap to clone; clones share the cache.
+#[derive(Clone, Default)]
+pub struct GrpcNetwork {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// The cluster credential every call carries (see [`crate::server::CLUSTER_HEADER`]).
+    secret: Option<MetadataValue<Ascii>>,
+    /// This node's id, for the fault filter.
+    me: NodeId,
+    /// Tests: sees every outgoing call first.
+    filter: Option<Arc<dyn FaultFilter>>,
+}
+
+/// Why [`GrpcNetwork::forward`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// No connection to the peer could be opened (or its address is invalid): the call was
+    /// never sent, so retrying it elsewhere is safe.
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
+    /// The call failed with this status: the peer handler's own status, a connection that
+    /// broke mid-call, or `DEADLINE_EXCEEDED` when the timeout passed. Unless the handler
+    /// answered, the call may or may not have run on the peer.
+    #[error("forwarded call failed: {0}")]
+    Status(Status),
+}
+
+impl GrpcNetwork {
+    /// Creates the network of node `me` with an empty channel cache; every call carries
+    /// `secret` as the cluster credential when there is one.
+    pub fn new(me: NodeId, secret: Option<&str>) -> Result<GrpcNetwork, String> {
+        let secret = match secret {
+            Some(secret) => {
+                let mut value: MetadataValue<Ascii> = secret
+                    .parse()
+                    .map_err(|_| "the cluster credential is not visible ASCII".to_string())?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        Ok(GrpcNetwork { secret, me, ..GrpcNetwork::default() })
+    }
+
+    /// Passes every outgoing call through `filter` first (tests).
+    pub fn with_filter(mut self, filter: Option<Arc<dyn FaultFilter>>) -> GrpcNetwork {
+        self.filter = filter;
+        self
+    }
+
+    /// Applies the fault filter to a call to `to`: waits out a delay, or says why the call is
+    /// dropped.
+    async fn fault(&self, to: NodeId, method: Method) -> Result<(), String> {
+        let Some(filter) = &self.filter else { return Ok(()) };
+        match filter.check(self.me, to, method) {
+            Verdict::Pass => Ok(()),
+            Verdict::Delay(pause) => {
+                tokio::time::sleep(pause).await;
+                Ok(())
+            }
+            Verdict::Drop => Err(format!("{method:?} from node {} to node {to} dropped", self.me)),
+        }
+    }
+
+    /// Adds the cluster credential to an outgoing request.
+    fn sign<T>(&self, request: &mut tonic::Request<T>) {
+        if let Some(v) = &self.secret {
+            request.metadata_mut().insert(crate::server::CLUSTER_HEADER, v.clone());
+        }
+    }
+
+    /// The cached channel to `addr`, creating it (unconnected) on first use. Fails only for an
+    /// address that is not a valid URI authority.
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| format!("invalid peer address {addr:?}: {e}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect_lazy();
+        channels.insert(addr.to_owned(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Calls `Internal.Forward` on node `to` at `addr` with `payload` and returns the reply
+    /// payload, giving up after `timeout` (also sent as the gRPC deadline).
+    ///
+    /// The payload is opaque here: [`crate::forward`] defines the envelope.
+    pub async fn forward(
+        &self,
+        to: NodeId,
+        addr: &str,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ForwardError> {
+        let channel = self.channel(addr).map_err(ForwardError::Unreachable)?;
+        self.fault(to, Method::Forward).await.map_err(ForwardError::Unreachable)?;
+        let mut client = InternalClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let mut request = tonic::Request::new(RaftRequest { payload });
+        request.set_timeout(timeout);
+        self.sign(&mut request);
+        match tokio::time::timeout(timeout, client.forward(request)).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner().payload),
+            Ok(Err(status)) if delayd_proto::is_connect_failure(&status) => {
+                Err(ForwardError::Unreachable(format!("{addr}: {}", status.message())))
+            }
+            Ok(Err(status)) => Err(ForwardError::Status(status)),
+            Err(_) => Err(ForwardError::Status(Status::deadline_exceeded(format!(
+                "no reply from {addr} within {timeout:?}"
+            )))),
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
+    type Network = GrpcConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> GrpcConnection {
+        let client = self.channel(&node.addr).map(|channel| {
+            RaftClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        });
+        GrpcConnection { target, client, network: self.clone() }
+    }
+}
+
+/// openraft's connection to one peer: a client of the peer's `Raft` service on the shared
+/// channel.
+pub struct GrpcConnection {
+    target: NodeId,
+    /// The client, or why the peer's address cannot be used.
+    client: Result<RaftClient<Channel>, String>,
+    /// Signs each call and applies the fault filter.
+    network: GrpcNetwork,
+}
+
+/// The unary methods of the `Raft` service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// Log replication and heartbeats.
+    AppendEntries,
+    /// A real election's vote request.
+    Vote,
+    /// A Pre-Vote round's request.
+    PreVote,
+    /// A leadership hand-over.
+    TransferLeader,
+    /// A whole snapshot.
+    InstallSnapshot,
+    /// A forwarded client operation (`Internal.Forward`).
+    Forward,
+}
+
+impl GrpcConnection {
+    fn client(&self) -> Result<RaftClient<Channel>, RPCError<TypeConfig>> {
+        match &self.client {
+            Ok(client) => Ok(client.clone()),
+            Err(msg) => Err(RPCError::Unreachable(Unreachable::new(&io_error(msg)))),
+        }
+    }
+
+    /// Sends one encoded openraft request and decodes the receiver's answer, `Ok` or the
+    /// receiver's Raft error.
+    async fn call<T, E>(
+        &self,
+        method: Method,
+        payload: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<Result<T, E>, RPCError<TypeConfig>>
+    where
+        T: DeserializeOwned,
+        E: DeserializeOwned,
+    {
+        let mut client = self.client()?;
+        let ttl = option.hard_ttl();
+        if let Err(dropped) = self.network.fault(self.target, method).await {
+            return Err(RPCError::Unreachable(Unreachable::new(&io_error(&dropped))));
+        }
+        let mut request = tonic::Request::new(RaftRequest { payload });
+        request.set_timeout(ttl);
+        self.network.sign(&mut request);
+        let call = async move {
+            match method {
+                Method::AppendEntries => client.append_entries(request).await,
+                Method::Vote => client.vote(request).await,
+                Method::PreVote => client.pre_vote(request).await,
+                _ => client.transfer_leader(request).await,
+            }
+        };
+        let reply: RaftReply = match tokio::time::timeout(ttl, call).await {
+            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) => return Err(status_error(status)),
+            Err(_) => {
+                let msg = format!("{method:?} to node {} got no reply within {ttl:?}", self.target);
+                return Err(RPCError::Network(NetworkError::new(&io_error(&msg))));
+            }
+        };
+        // A reply this build cannot read comes from a peer running an incompatible version:
+        // retrying at once would fail the same way.
+        decode(&reply.payload).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+    }
+
+    /// A call whose receiver answers `Result<T, RaftError>`: a receiver that stopped (the only
+    /// error those calls have) is as good as unreachable.
+    async fn raft_call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        payload: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<T, RPCError<TypeConfig>> {
+        let result: Result<T, RaftError<TypeConfig>> = self.call(method, payload, option).await?;
+        result.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+    }
+}
+
+/// Maps a gRPC status of a Raft call to openraft's view of the failure (see the module docs).
+fn status_error(status: Status) -> RPCError<TypeConfig> {
+    match status.code() {
+        Code::Unavailable | Code::Unimplemented | Code::InvalidArgument | Code::Unauthenticated => {
+            RPCError::Unreachable(Unreachable::new(&status))
+        }
+        _ => RPCError::Network(NetworkError::new(&status)),
+    }
+}
+
+fn io_error(msg: &str) -> std::io::Error {
+    std::io::Error::other(msg.to_owned())
+}
+
+/// How many bytes of a snapshot file travel in one message.
+const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+
+impl RaftNetworkV2<TypeConfig> for GrpcConnection {
+    type SnapshotData = SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.raft_call(Method::AppendEntries, encode(&rpc), &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.raft_call(Method::Vote, encode(&rpc), &option).await
+    }
+
+    /// Must not fall back to openraft's default (which grants): an unreachable peer is an
+    /// error, so an isolated node never counts grants it did not get.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.raft_call(Method::PreVote, encode(&rpc), &option).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let result: Result<TransferLeaderResponse<TypeConfig>, Fatal<TypeConfig>> =
+            self.call(Method::TransferLeader, encode(&req), &option).await?;
+        result.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+    }
+
+    /// Streams the snapshot file in [`SNAPSHOT_CHUNK_BYTES`] messages after a header with the
+    /// vote and metadata; the receiver installs it when the stream ends and answers once.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let mut client = self.client()?;
+        if let Err(dropped) = self.network.fault(self.target, Method::InstallSnapshot).await {
+            return Err(StreamingError::Unreachable(Unreachable::new(&io_error(&dropped))));
+        }
+        let ttl = option.hard_ttl();
+        let Snapshot { meta, snapshot: file } = snapshot;
+        let header = RaftRequest { payload: encode(&(vote, meta)) };
+        // The file is read as the transport asks for more: the whole snapshot never sits in
+        // memory. A read error ends the stream early; the receiver then refuses the
+        // incomplete file when it verifies it.
+        let chunks = futures::stream::unfold(Some(file), |file| async move {
+            let mut file = file?;
+            let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+            match read_full(&mut file, &mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((RaftRequest { payload: buf }, Some(file)))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the snapshot to send failed");
+                    None
+                }
+            }
+        });
+        let stream = futures::stream::once(async move { header }).chain(chunks);
+        let mut request = tonic::Request::new(stream);
+        request.set_timeout(ttl);
+        self.network.sign(&mut request);
+        let target = self.target;
+        let reply = tokio::select! {
+            r = tokio::time::timeout(ttl, client.install_snapshot(request)) => r,
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+        };
+        let reply = match reply {
+            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) => return Err(status_error(status).into()),
+            Err(_) => {
+                let msg = format!("snapshot to node {target} not installed within {ttl:?}");
+                return Err(StreamingError::Network(NetworkError::new(&io_error(&msg))));
+            }
+        };
+        let result: Result<SnapshotResponse<TypeConfig>, Fatal<TypeConfig>> =
+            decode(&reply.payload)
+                .map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
+        result.map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))
+    }
+
+    /// Exponential from 50 ms up to 1 s: an unreachable peer is most often one that is
+    /// restarting, and it should be caught up within a second of coming back.
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff::new(std::iter::successors(Some(BACKOFF_FIRST), |pause| {
+            Some(pause.saturating_mul(2).min(BACKOFF_MAX))
+        })))
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns how many bytes were read.
+async fn read_full(file: &mut SnapshotData, buf: &mut [u8]) -> std::io::Result<usize> {
+    use tokio::io::AsyncReadExt;
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]).await? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rpc_option() -> RPCOption {
+        RPCOption::new(Duration::from_millis(500))
+    }
+
+    fn vote_request() -> VoteRequest<TypeConfig> {
+        VoteRequest::new(Vote::new(1, 1), None)
+    }
+
+    /// An address where nothing listens: bind a port, then free it.
+    async fn closed_addr() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr").to_string();
+        drop(listener);
+        addr
+    }
+
+    fn network() -> GrpcNetwork {
+        GrpcNetwork::new(1, None).expect("network")
+    }
+
+    #[test]
+    fn remote_errors_round_trip_through_the_codec() {
+        let stopped: Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>> =
+            Err(RaftError::Fatal(Fatal::Stopped));
+        let back: Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>> =
+            decode(&encode(&stopped)).expect("decode");
+        assert_eq!(back, stopped);
+    }
+
+    #[test]
+    fn statuses_map_to_backoff_or_retry() {
+        let unreachable =
+            [Code::Unavailable, Code::Unimplemented, Code::InvalidArgument, Code::Unauthenticated];
+        for code in unreachable {
+            let e = status_error(Status::new(code, "x"));
+            assert!(matches!(e, RPCError::Unreachable(_)), "{code:?}: {e}");
+        }
+        for code in [Code::DeadlineExceeded, Code::Cancelled, Code::Internal, Code::Unknown] {
+            let e = status_error(Status::new(code, "x"));
+            assert!(matches!(e, RPCError::Network(_)), "{code:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn backoff_grows_to_a_cap() {
+        let conn = GrpcConnection { target: 1, client: Err("unused".into()), network: network() };
+        let pauses: Vec<Duration> = conn.backoff().expect("own backoff").take(30).collect();
+        assert_eq!(pauses[0], BACKOFF_FIRST);
+        assert!(pauses.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(pauses[29], BACKOFF_MAX);
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable() {
+        let addr = closed_addr().await;
+        let mut network = network();
+        let mut conn = network.new_client(2, &BasicNode::new(&addr)).await;
+        let err = conn.vote(vote_request(), rpc_option()).await.expect_err("unreachable");
+        assert!(matches!(err, RPCError::Unreachable(_)), "{err}");
+        // Pre-Vote must fail too, never be granted by default.
+        let err = conn.pre_vote(vote_request(), rpc_option()).await.expect_err("unreachable");
+        assert!(matches!(err, RPCError::Unreachable(_)), "{err}");
+
+        let err = network
+            .forward(2, &addr, vec![1], Duration::from_millis(500))
+            .await
+            .expect_err("unreachable");
+        assert!(matches!(err, ForwardError::Unreachable(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_invalid_address_is_unreachable() {
+        let mut network = network();
+        let mut conn = network.new_client(2, &BasicNode::new("not an address")).await;
+        let err = conn.vote(vote_request(), rpc_option()).await.expect_err("unreachable");
+        assert!(matches!(err, RPCError::Unreachable(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn clones_share_one_channel_per_address() {
+        let network = network();
+        let mut clone = network.clone();
+        clone.new_client(2, &BasicNode::new("127.0.0.1:1")).await;
+        clone.new_client(3, &BasicNode::new("127.0.0.1:1")).await;
+        clone.new_client(4, &BasicNode::new("127.0.0.1:2")).await;
+        assert_eq!(network.channels.lock().expect("lock").len(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_fault_filter_drops_calls_before_they_are_sent() {
+        let faults = Arc::new(crate::faults::Faults::default());
+        faults.cut(1, 2);
+        let mut network = network().with_filter(Some(faults.clone()));
+        // A listening address: only the filter can make these fail.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let mut conn = network.new_client(2, &BasicNode::new(&addr)).await;
+        let err = conn.vote(vote_request(), rpc_option()).await.expect_err("dropped");
+        assert!(matches!(&err, RPCError::Unreachable(_)) && err.to_string().contains("dropped"));
+        let err = network
+            .forward(2, &addr, vec![1], Duration::from_millis(500))
+            .await
+            .expect_err("dropped");
+        assert!(matches!(err, ForwardError::Unreachable(_)), "{err}");
+    }
+}

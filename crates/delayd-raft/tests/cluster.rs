@@ -1,0 +1,329 @@
+//! The cluster runtime in process: three [`Cluster`] nodes on loopback ports, each with its own
+//! RocksDB store, and one [`Faults`] filter between them that cuts, slows and heals links. Each
+//! scenario that a real-process test needs seconds of signals and sleeps for (a node cut off
+//! and back, a graceful leader stop, forwarding to an unreachable leader) runs here in a
+//! few seconds, with the real transport.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use delayd_core::{query, Command, Due, Effects, JobId, NewJob, Outcome, QueueName, Reply};
+use delayd_raft::faults::Faults;
+use delayd_raft::{Cluster, ClusterConfig, ClusterError, ForwardOp, Observer, Timing};
+use delayd_store::StoreMetrics;
+use openraft::ServerState;
+use tempfile::TempDir;
+use tokio::time::Instant;
+
+type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+/// Longest wait for anything the cluster should do on its own.
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Quiet;
+
+impl Observer for Quiet {
+    fn applied(&self, _: &Effects) {}
+    fn replaced(&self) {}
+}
+
+struct TestCluster {
+    nodes: Vec<Option<Cluster>>,
+    faults: Arc<Faults>,
+    dirs: Vec<TempDir>,
+    next_job: u128,
+}
+
+fn config(id: u64, dir: &TempDir, faults: &Arc<Faults>, join: bool) -> ClusterConfig {
+    let mut c = ClusterConfig {
+        node_id: id,
+        data_dir: dir.path().to_owned(),
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        join,
+        cluster_secret: Some("in-process-cluster-secret".into()),
+        timing: Timing::default(),
+        request_timeout: Duration::from_secs(3),
+        faults: Some(faults.clone()),
+        ..ClusterConfig::default()
+    };
+    c.proposer.timeout = c.request_timeout;
+    c
+}
+
+async fn start(config: ClusterConfig) -> Result<Cluster> {
+    let cluster = Cluster::open(config, Arc::new(Quiet), StoreMetrics::default()).await?;
+    cluster.serve(None).await?;
+    Ok(cluster)
+}
+
+impl TestCluster {
+    /// Node 1 forms a cluster alone; 2 and 3 join as learners and are promoted.
+    async fn three() -> Result<TestCluster> {
+        let faults = Arc::new(Faults::default());
+        let mut dirs = Vec::new();
+        let mut nodes = Vec::new();
+        for id in 1..=3 {
+            let dir = tempfile::tempdir()?;
+            nodes.push(Some(start(config(id, &dir, &faults, id != 1)).await?));
+            dirs.push(dir);
+        }
+        let c = TestCluster { nodes, faults, dirs, next_job: 0 };
+        c.wait(1, "node 1 leads", |n| n.is_leader()).await?;
+        for id in 2..=3 {
+            let addr = c.node(id).config().advertised();
+            c.node(1).change_members(ForwardOp::AddLearner { id, addr }).await?;
+            c.node(1).change_members(ForwardOp::Promote { id }).await?;
+        }
+        for id in 1..=3 {
+            c.wait(id, "three voters", |n| n.voters() == BTreeSet::from([1, 2, 3])).await?;
+        }
+        Ok(c)
+    }
+
+    fn node(&self, id: u64) -> &Cluster {
+        self.nodes[id as usize - 1].as_ref().expect("node is running")
+    }
+
+    fn running(&self) -> impl Iterator<Item = &Cluster> {
+        self.nodes.iter().flatten()
+    }
+
+    /// Polls `node`'s view until `ok` holds (every change of Raft's metrics is a poll).
+    async fn wait(&self, id: u64, what: &str, ok: impl Fn(&Cluster) -> bool) -> Result {
+        let node = self.node(id);
+        let deadline = Instant::now() + WAIT;
+        let mut metrics = node.raft().metrics();
+        use openraft::async_runtime::watch::WatchReceiver;
+        while !ok(node) {
+            if Instant::now() >= deadline {
+                return Err(format!("node {id}: {what}: not within {WAIT:?}").into());
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(20), metrics.changed()).await;
+        }
+        Ok(())
+    }
+
+    /// The leader every running node agrees on, with its term.
+    async fn agreed_leader(&self) -> Result<(u64, u64)> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let views: BTreeSet<(Option<u64>, u64)> = self
+                .running()
+                .map(|n| {
+                    let m = n.metrics();
+                    (m.current_leader, m.current_term)
+                })
+                .collect();
+            if let [(Some(leader), term)] = views.iter().copied().collect::<Vec<_>>()[..] {
+                if self.node(leader).is_leader() {
+                    return Ok((leader, term));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no agreed leader within {WAIT:?}: {views:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Publishes one job through node `via`; its id when acknowledged.
+    async fn publish(&mut self, via: u64) -> std::result::Result<JobId, ClusterError> {
+        self.next_job += 1;
+        let id = JobId(self.next_job);
+        let job = NewJob {
+            id,
+            key: None,
+            body: b"x".to_vec(),
+            attributes: Default::default(),
+            due: Due::After(3_600_000),
+            ttl_ms: None,
+            tries: 1,
+            ttr_ms: 1000,
+            priority: 0,
+        };
+        let outcomes =
+            self.node(via).propose(vec![Command::Publish { queue: queue(), job }]).await?;
+        match &outcomes[..] {
+            [Outcome::Ok(Reply::Published { id: got })] if *got == id => Ok(id),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+
+    /// Every acknowledged job is in node `id`'s replica (after a read barrier).
+    async fn holds(&self, id: u64, jobs: &[JobId]) -> Result {
+        let node = self.node(id);
+        let view = node.read(false).await?;
+        for job in jobs {
+            if query::job(&view, &queue(), *job)?.is_none() {
+                return Err(format!("node {id} lost acknowledged job {job:?}").into());
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop(&mut self, id: u64) {
+        if let Some(node) = self.nodes[id as usize - 1].take() {
+            node.shutdown().await;
+        }
+    }
+
+    async fn stop_all(&mut self) {
+        for id in 1..=self.nodes.len() as u64 {
+            self.stop(id).await;
+        }
+        drop(std::mem::take(&mut self.dirs));
+    }
+}
+
+fn queue() -> QueueName {
+    QueueName::new("ns", "q")
+}
+
+/// A follower cut off from both peers for many election timeouts, then healed, rejoins
+/// without deposing the leader: Pre-Vote keeps it from campaigning with a term it inflated
+/// alone (without Pre-Vote its higher term forces an election the moment it is heard again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_follower_rejoins_without_deposing_the_leader() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, term) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let mut acked = vec![c.publish(leader).await?];
+
+    c.faults.isolate(follower, [1, 2, 3]);
+    // Several election timeouts alone: it would have campaigned, and failed, many times.
+    tokio::time::sleep(Duration::from_millis(6 * Timing::default().election_timeout_ms.1)).await;
+    acked.push(c.publish(leader).await?);
+    assert_eq!(c.node(leader).metrics().current_term, term, "the majority kept its term");
+    c.faults.heal();
+
+    // It catches up with the leader...
+    let target = c.node(leader).metrics().last_applied.map(|l| l.index);
+    c.wait(follower, "catches up", |n| n.metrics().last_applied.map(|l| l.index) >= target).await?;
+    // ...and over a few more election timeouts nobody is deposed.
+    tokio::time::sleep(Duration::from_millis(3 * Timing::default().election_timeout_ms.1)).await;
+    assert_eq!(c.agreed_leader().await?, (leader, term), "the healthy leader kept its term");
+    acked.push(c.publish(follower).await?);
+    for id in 1..=3 {
+        c.holds(id, &acked).await?;
+    }
+    c.stop_all().await;
+    Ok(())
+}
+
+/// A leader that is stopped hands leadership to a caught-up voter first: the other nodes
+/// serve writes again without waiting out an election timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_over_without_an_election_timeout() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, term) = c.agreed_leader().await?;
+    let mut acked = vec![c.publish(leader).await?];
+
+    let started = Instant::now();
+    c.stop(leader).await;
+    let (new_leader, new_term) = c.agreed_leader().await?;
+    let survivor = (1..=3).find(|id| *id != leader).ok_or("no survivor")?;
+    acked.push(c.publish(survivor).await?);
+    let gap = started.elapsed();
+    assert_ne!(new_leader, leader);
+    assert!(new_term > term);
+    // Without a hand-over the survivors would first wait out an election timeout (at least
+    // 400 ms) for heartbeats that never come; with it, one round of votes suffices.
+    assert!(
+        gap < Duration::from_millis(Timing::default().election_timeout_ms.0),
+        "a write was possible again only {gap:?} after the stop"
+    );
+    for id in (1..=3).filter(|id| *id != leader) {
+        c.holds(id, &acked).await?;
+    }
+    c.stop_all().await;
+    Ok(())
+}
+
+/// The operator's transfer: to a named voter from any node, and refused for a non-voter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_to_a_named_voter_on_request() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let to = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let asker = (1..=3).find(|id| *id != leader && *id != to).ok_or("no third node")?;
+
+    assert_eq!(c.node(asker).transfer_leader(Some(to)).await?, to);
+    assert_eq!(c.agreed_leader().await?.0, to);
+    let err = c.node(asker).transfer_leader(Some(9)).await.expect_err("9 is no voter");
+    assert!(matches!(&err, ClusterError::BadRequest(m) if m.contains("not a voter")), "{err}");
+    // Without a target, the leader picks one.
+    let picked = c.node(asker).transfer_leader(None).await?;
+    assert_ne!(picked, to);
+    assert_eq!(c.agreed_leader().await?.0, picked);
+    c.publish(asker).await?;
+    c.stop_all().await;
+    Ok(())
+}
+
+/// A follower that cannot reach the leader retries while nothing can have been written and
+/// then says so; once the link heals, its writes go through, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_retries_only_while_nothing_was_written() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, term) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    // Only the follower → leader link is cut: the leader still reaches it, so it stays a
+    // healthy follower that knows the leader, and Raft does not notice.
+    c.faults.cut(follower, leader);
+    let err = c.publish(follower).await.expect_err("the leader is unreachable");
+    assert!(
+        matches!(&err, ClusterError::Unavailable(m) if m.contains("nothing was written")),
+        "{err}"
+    );
+    c.faults.heal();
+    let acked = vec![c.publish(follower).await?, c.publish(follower).await?];
+    assert_eq!(c.agreed_leader().await?, (leader, term));
+    let view = c.node(leader).read(false).await?;
+    // The refused publish (job 1) was never written; the two acknowledged ones were, once.
+    assert!(query::job(&view, &queue(), JobId(1))?.is_none());
+    drop(view);
+    c.holds(leader, &acked).await?;
+    c.stop_all().await;
+    Ok(())
+}
+
+/// An isolated leader loses its majority: the others elect a new one and keep writing, the
+/// old one's proposals fail, and after healing it follows and holds every acknowledged job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_is_replaced_and_follows_after_healing() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (old, term) = c.agreed_leader().await?;
+    let mut acked = vec![c.publish(old).await?];
+    c.faults.isolate(old, [1, 2, 3]);
+    let survivor = (1..=3).find(|id| *id != old).ok_or("no survivor")?;
+    c.wait(survivor, "a new leader", |n| {
+        n.metrics().current_leader.is_some_and(|l| l != old) && n.metrics().current_term > term
+    })
+    .await?;
+    acked.push(c.publish(survivor).await?);
+    assert!(c.publish(old).await.is_err(), "an isolated leader cannot commit");
+    c.faults.heal();
+    c.wait(old, "follows", |n| n.metrics().state == ServerState::Follower).await?;
+    for id in 1..=3 {
+        c.holds(id, &acked).await?;
+    }
+    c.stop_all().await;
+    Ok(())
+}
+
+/// Membership changes through any node: a voter is removed and the rest keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_is_removed_and_the_rest_keep_working() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let gone = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let asker = (1..=3).find(|id| *id != leader && *id != gone).ok_or("no third node")?;
+    let voters = c.node(asker).change_members(ForwardOp::Remove { id: gone }).await?;
+    assert_eq!(voters, (1..=3).filter(|id| *id != gone).collect());
+    c.stop(gone).await;
+    let acked = vec![c.publish(asker).await?];
+    c.holds(leader, &acked).await?;
+    c.stop_all().await;
+    Ok(())
+}
