@@ -175,6 +175,19 @@ impl Client {
         self.expect_success(node, Method::PUT, &path).await
     }
 
+    /// Whether job `id` of `queue` exists, by a linearizable read through `node`
+    /// (`GET /api/<ns>/<queue>/job/<id>`): `Ok(true)` on 200, `Ok(false)` on 404.
+    pub async fn job_exists(&self, node: usize, queue: &str, id: &str) -> Answer<bool> {
+        let path = format!("/api/{NAMESPACE}/{queue}/job/{id}");
+        match self.call(node, Method::GET, &path, None, Duration::ZERO).await {
+            Answer::Ok((StatusCode::OK, _)) => Answer::Ok(true),
+            Answer::Ok((StatusCode::NOT_FOUND, _)) => Answer::Ok(false),
+            Answer::Ok((s, v)) => Answer::Unknown(format!("{s} {v}")),
+            Answer::Fail(e) => Answer::Fail(e),
+            Answer::Unknown(e) => Answer::Unknown(e),
+        }
+    }
+
     async fn expect_success(&self, node: usize, method: Method, path: &str) -> Answer<()> {
         match self.call(node, method, path, None, Duration::ZERO).await {
             Answer::Ok((s, _)) if s.is_success() => Answer::Ok(()),

@@ -11,10 +11,22 @@
 //!
 //! Every checker is proven able to fail: its unit tests feed it a synthetic history that
 //! contains the anomaly it looks for.
+//!
+//! ## Failover measurement
+//!
+//! `delayd-jepsen failover [--backend local|docker] [--trials N] [--bin PATH]
+//! [--scenario kill-leader,term-leader,pause-follower,partition-follower]` measures instead
+//! of judging a history ([`failover`]): on a fresh cluster per trial, under a light publish
+//! load through every node, it `kill -9`s the leader (time until a survivor takes a publish
+//! again), SIGTERMs it (the longest stretch without any successful publish), SIGSTOPs a
+//! follower for 4 s and cuts a follower off its peers for 10 s (are the leader and its term
+//! unchanged afterwards?). After every trial each acknowledged job is looked up by id; the
+//! exit code is 1 if one is missing. `docs/failover.md` explains every figure.
 
 pub mod backend;
 pub mod checker;
 pub mod client;
+pub mod failover;
 pub mod history;
 pub mod nemesis;
 pub mod plan;

@@ -6,14 +6,23 @@
 //! delayd-jepsen --long --time-limit 900 --test-count 2
 //! delayd-jepsen --backend local          # local processes (netns partitions when root)
 //! delayd-jepsen check RUN_DIR            # re-check a recorded history
+//! delayd-jepsen failover --bin target/debug/delayd --trials 10   # failover figures
 //! ```
 //!
 //! Exit code: 0 every run valid, 1 an anomaly was found, 2 a run could not be judged.
+//!
+//! `failover` measures instead of checking a history (see [`delayd_jepsen::failover`] and
+//! `docs/failover.md`): for each scenario (`--scenario kill-leader,term-leader,pause-follower,
+//! partition-follower`, all by default) it runs `--trials` trials, each on a fresh three-node
+//! cluster, under a light publish load through every node, printing per-trial figures,
+//! a summary line per scenario and a final markdown table. Its exit code: 1 if any
+//! acknowledged publish was lost, 2 if something could not be measured or checked, else 0.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use delayd_jepsen::failover::{self, Scenario};
 use delayd_jepsen::run::{self, BackendKind, Options, Verdict};
 
 /// Chaos tests for delayd: a seeded workload under a nemesis, checked afterwards.
@@ -60,6 +69,45 @@ enum Command {
         #[arg(long)]
         tolerance_ms: Option<u64>,
     },
+    /// Measure failover from outside: leader kill and SIGTERM, follower pause and partition,
+    /// under a light publish load; every acknowledged publish is checked afterwards.
+    Failover(FailoverArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct FailoverArgs {
+    /// Where the cluster runs (local: processes running --bin, in network namespaces when
+    /// root; docker: compose project delayd-failover running --image, see
+    /// scripts/docker-image.sh).
+    #[arg(long, value_enum, default_value = "local")]
+    backend: BackendKind,
+    /// Trials per scenario.
+    #[arg(long, default_value_t = 10)]
+    trials: u32,
+    /// The delayd binary (local backend).
+    #[arg(long, default_value = "target/debug/delayd")]
+    bin: PathBuf,
+    /// The image the docker backend runs: tag a build's image (`docker tag delayd:local
+    /// delayd:mine`) so that a later scripts/docker-image.sh elsewhere does not change it.
+    #[arg(long, default_value = delayd_jepsen::backend::docker::IMAGE)]
+    image: String,
+    /// Scenarios to run, comma-separated or repeated (default: all, in this order).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    scenario: Vec<Scenario>,
+    /// Directory under which the measurement's directory (results.json, summary.md, node
+    /// logs) is made.
+    #[arg(long, default_value = "jepsen/runs")]
+    out: PathBuf,
+    /// Each publisher's pause after every publish attempt, in ms.
+    #[arg(long, default_value_t = 10)]
+    pause_ms: u64,
+    /// Each publish's client-side timeout, in ms.
+    #[arg(long, default_value_t = 1000)]
+    publish_timeout_ms: u64,
+    /// Keep one cluster per scenario, healed and restarted between trials, instead of a fresh
+    /// cluster per trial (then trials are not independent: the nodes' Raft state carries over).
+    #[arg(long)]
+    reuse_cluster: bool,
 }
 
 #[tokio::main]
@@ -73,6 +121,7 @@ async fn main() {
                 2
             }
         },
+        Some(Command::Failover(f)) => failover(f).await,
         None => runs(&args).await,
     };
     std::process::exit(code);
@@ -117,6 +166,39 @@ async fn runs(args: &Args) -> i32 {
         worst = worst.max(verdict);
     }
     worst.exit_code()
+}
+
+async fn failover(args: &FailoverArgs) -> i32 {
+    let opts = failover::Options {
+        backend: args.backend,
+        trials: args.trials.max(1),
+        bin: args.bin.clone(),
+        image: args.image.clone(),
+        repo: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
+        out: args.out.clone(),
+        scenarios: if args.scenario.is_empty() {
+            Scenario::ALL.to_vec()
+        } else {
+            args.scenario.clone()
+        },
+        pause: Duration::from_millis(args.pause_ms),
+        publish_timeout: Duration::from_millis(args.publish_timeout_ms.max(1)),
+        reuse_cluster: args.reuse_cluster,
+    };
+    tokio::select! {
+        r = failover::run(&opts) => match r {
+            Ok(report) => report.exit_code(),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                2
+            }
+        },
+        // Dropping the measurement drops its teardown guard: the cluster goes away.
+        _ = interrupted() => {
+            eprintln!("interrupted; torn down");
+            2
+        }
+    }
 }
 
 async fn interrupted() {

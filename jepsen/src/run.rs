@@ -77,7 +77,7 @@ impl Verdict {
 }
 
 /// Tears the backend down when dropped, however the run ends.
-struct Teardown(SharedBackend);
+pub struct Teardown(pub SharedBackend);
 
 impl Drop for Teardown {
     fn drop(&mut self) {
@@ -90,16 +90,28 @@ impl Drop for Teardown {
 }
 
 fn make_backend(opts: &Options, dir: &Path) -> anyhow::Result<Box<dyn Backend>> {
-    Ok(match opts.backend {
+    new_backend(opts.backend, &opts.repo, &opts.bin, &dir.join("nodes"))
+}
+
+/// A backend of `kind`: docker-compose from the repository at `repo` (image `delayd:local`),
+/// or local processes running `bin` with their data and logs under `work_dir` (in network
+/// namespaces when this process may create them).
+pub fn new_backend(
+    kind: BackendKind,
+    repo: &Path,
+    bin: &Path,
+    work_dir: &Path,
+) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(match kind {
         BackendKind::Docker => {
-            Box::new(DockerBackend::new(opts.repo.clone(), "delayd-jepsen".to_string())?)
+            Box::new(DockerBackend::new(repo.to_path_buf(), "delayd-jepsen".to_string())?)
         }
         BackendKind::Local => {
             let netns = LocalBackend::netns_available();
             if !netns {
                 println!("local backend without network namespaces: no partition faults");
             }
-            Box::new(LocalBackend::new(opts.bin.clone(), dir.join("nodes"), netns)?)
+            Box::new(LocalBackend::new(bin.to_path_buf(), work_dir.to_path_buf(), netns)?)
         }
     })
 }

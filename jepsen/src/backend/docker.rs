@@ -17,8 +17,9 @@ use anyhow::{bail, Context};
 use super::local::{cmd, command_line, run};
 use super::{Backend, NodeInfo};
 
-/// The image the compose file runs; built by `scripts/docker-image.sh`, never pulled.
-const IMAGE: &str = "delayd:local";
+/// The image the compose file runs unless told otherwise; built by `scripts/docker-image.sh`,
+/// never pulled.
+pub const IMAGE: &str = "delayd:local";
 /// The harness's compose override, relative to the repository root.
 const OVERRIDE: &str = "jepsen/docker-compose.jepsen.yml";
 /// Node ids; the compose file has exactly these three services.
@@ -47,6 +48,8 @@ pub struct DockerBackend {
     network: Option<String>,
     /// Whether start() ran since the last teardown, so Drop knows to clean up.
     started: bool,
+    /// The image the nodes run (the override file reads it as `DELAYD_IMAGE`).
+    image: String,
 }
 
 impl DockerBackend {
@@ -54,6 +57,13 @@ impl DockerBackend {
     /// (lowercase letters, digits, `-` and `_`). Fails if the `delayd:local` image is missing:
     /// nothing is ever pulled or built here.
     pub fn new(repo_root: PathBuf, project: String) -> anyhow::Result<Self> {
+        Self::with_image(repo_root, project, IMAGE.to_string())
+    }
+
+    /// Like [`DockerBackend::new`], with the nodes running `image` instead of `delayd:local`
+    /// (e.g. a tagged copy of one build, which a later `scripts/docker-image.sh` does not
+    /// replace).
+    pub fn with_image(repo_root: PathBuf, project: String, image: String) -> anyhow::Result<Self> {
         // docker-compose v1 silently normalises other names, and then the network and the
         // labels we look containers up by would not be called what we think.
         let valid = project
@@ -74,8 +84,8 @@ impl DockerBackend {
         }
         run(&mut cmd("docker-compose", ["version", "--short"]))
             .context("docker-compose (v1) is needed for the docker backend")?;
-        if run(&mut cmd("docker", ["image", "inspect", "--format", "{{.Id}}", IMAGE])).is_err() {
-            bail!("docker image {IMAGE} not found: build it with scripts/docker-image.sh");
+        if run(&mut cmd("docker", ["image", "inspect", "--format", "{{.Id}}", &image])).is_err() {
+            bail!("docker image {image} not found: build it with scripts/docker-image.sh");
         }
         let nodes = IDS
             .iter()
@@ -92,6 +102,7 @@ impl DockerBackend {
             containers: Vec::new(),
             network: None,
             started: false,
+            image,
         })
     }
 
@@ -115,6 +126,7 @@ impl DockerBackend {
         // The compose file requires an admin token; the override turns authentication off
         // (DELAYD_DEV), so any valid one will do.
         c.env("DELAYD_ADMIN_TOKEN", "jepsen-admin-token-not-used");
+        c.env("DELAYD_IMAGE", &self.image);
         c
     }
 
