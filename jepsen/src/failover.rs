@@ -130,7 +130,7 @@ pub struct Options {
     /// Each publish's client-side timeout.
     pub publish_timeout: Duration,
     /// Keep one cluster for all of a scenario's trials (healed and restarted in between)
-    /// instead of a fresh one per trial. Trials are then not independent: with openraft 0.9,
+    /// instead of a fresh one per trial. Trials are then not independent: in openraft,
     /// for one, a node's election timeout is drawn once per process, and a node whose vote
     /// request was refused for a shorter log waits an extra 2 × election_timeout_max before
     /// its next election.
