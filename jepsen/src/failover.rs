@@ -763,6 +763,22 @@ fn first_survivor_success(attempts: &[Attempt], target: u64, fault_us: u64) -> O
         .min()
 }
 
+/// The start of every trial's window: a healthy cluster, the load running and warmed up, and
+/// the leader and term all nodes agree on right before the fault (recorded in `trial`).
+async fn start_window(
+    ctx: &Ctx,
+    queue: &str,
+    trial: &mut Trial,
+) -> anyhow::Result<(Instant, Load, LeaderTerm)> {
+    await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await?;
+    let origin = Instant::now();
+    let load = Load::start(&ctx.load_client, &ctx.nodes, queue, ctx.pause, origin);
+    load.warm_up(&ctx.nodes).await?;
+    let before = await_agreed(&ctx.client, &ctx.nodes).await?;
+    trial.before = Some(before);
+    Ok((origin, load, before))
+}
+
 /// kill-leader / term-leader: one trial's window.
 async fn leader_window(
     ctx: &Ctx,
@@ -770,12 +786,7 @@ async fn leader_window(
     queue: &str,
     trial: &mut Trial,
 ) -> anyhow::Result<Window> {
-    await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await?;
-    let origin = Instant::now();
-    let load = Load::start(&ctx.load_client, &ctx.nodes, queue, ctx.pause, origin);
-    load.warm_up(&ctx.nodes).await?;
-    let before = await_agreed(&ctx.client, &ctx.nodes).await?;
-    trial.before = Some(before);
+    let (origin, load, before) = start_window(ctx, queue, trial).await?;
     let target = before.leader;
     trial.target = target;
     let kill = scenario == Scenario::KillLeader;
@@ -856,12 +867,7 @@ async fn follower_window(
     queue: &str,
     trial: &mut Trial,
 ) -> anyhow::Result<Window> {
-    await_healthy(&ctx.client, &ctx.nodes, HEALTHY_WITHIN).await?;
-    let origin = Instant::now();
-    let load = Load::start(&ctx.load_client, &ctx.nodes, queue, ctx.pause, origin);
-    load.warm_up(&ctx.nodes).await?;
-    let before = await_agreed(&ctx.client, &ctx.nodes).await?;
-    trial.before = Some(before);
+    let (origin, load, before) = start_window(ctx, queue, trial).await?;
     let followers: Vec<u64> = ctx.nodes.iter().copied().filter(|n| *n != before.leader).collect();
     let target = followers[(trial.trial as usize).saturating_sub(1) % followers.len()];
     trial.target = target;

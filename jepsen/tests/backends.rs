@@ -9,7 +9,7 @@
 //! 7771–7773 and 172.30.77.0/24), so they run in parallel. A test whose prerequisites are
 //! missing prints why and passes.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -19,22 +19,11 @@ use delayd_jepsen::backend::local::LocalBackend;
 use delayd_jepsen::backend::{Backend, NodeInfo};
 use serde_json::Value;
 
+mod common;
+use common::{delayd_bin, work_dir};
+
 /// Election plus catch-up on a loaded CI machine; every wait below is bounded by this.
 const SETTLE: Duration = Duration::from_secs(30);
-
-fn delayd_bin() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("DELAYD_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    // target/debug/deps/backends-… → target/debug/delayd
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("delayd");
-    bin.is_file().then_some(bin)
-}
-
-fn work_dir(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("delayd-jepsen-{name}-{}", std::process::id()))
-}
 
 fn sh(program: &str, args: &[&str]) -> Result<String> {
     let out =

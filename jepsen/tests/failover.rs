@@ -15,19 +15,8 @@ use delayd_jepsen::failover::{self, Scenario};
 use delayd_jepsen::run::BackendKind;
 use reqwest::Method;
 
-fn delayd_bin() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("DELAYD_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    // target/debug/deps/failover-… → target/debug/delayd
-    let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("delayd");
-    bin.is_file().then_some(bin)
-}
-
-fn work_dir(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("delayd-jepsen-failover-{name}-{}", std::process::id()))
-}
+mod common;
+use common::{delayd_bin, work_dir};
 
 /// The check must be able to fail: a job acknowledged and then deleted counts as lost, the
 /// others do not.
@@ -37,7 +26,7 @@ async fn verify_reports_a_job_that_is_gone() -> Result<()> {
         println!("skipped: no delayd binary (set DELAYD_BIN or build target/debug/delayd)");
         return Ok(());
     };
-    let dir = work_dir("verify");
+    let dir = work_dir("failover-verify");
     let mut backend = LocalBackend::new(bin, dir.clone(), false)?;
     tokio::task::block_in_place(|| backend.start())?;
     let result = async {
@@ -74,7 +63,7 @@ async fn one_kill_leader_trial() -> Result<()> {
         println!("skipped: no delayd binary (set DELAYD_BIN or build target/debug/delayd)");
         return Ok(());
     };
-    let out = work_dir("run");
+    let out = work_dir("failover-run");
     let opts = failover::Options {
         backend: BackendKind::Local,
         trials: 1,

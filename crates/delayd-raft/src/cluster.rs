@@ -16,7 +16,7 @@ use delayd_store::{
     NodeId, Raft, ReadView, SnapshotInbox, StateReader, Store, StoreMetrics, TypeConfig,
 };
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::error::{ClientWriteError, InitializeError, LinearizableReadError, RaftError};
+use openraft::error::{InitializeError, LinearizableReadError, RaftError};
 use openraft::{BasicNode, ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -532,12 +532,14 @@ impl Cluster {
                 }
             }
             ForwardOp::AddLearner { id, addr } => {
-                raft.add_learner(id, BasicNode::new(addr), true).await.map_err(membership_error)?;
+                raft.add_learner(id, BasicNode::new(addr), true)
+                    .await
+                    .map_err(ClusterError::from)?;
                 Ok(ForwardReply::Members(self.voters()))
             }
             ForwardOp::Promote { id } => {
                 let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
-                raft.change_membership(change, false).await.map_err(membership_error)?;
+                raft.change_membership(change, false).await.map_err(ClusterError::from)?;
                 Ok(ForwardReply::Members(self.voters()))
             }
             ForwardOp::Remove { id } => {
@@ -546,7 +548,7 @@ impl Cluster {
                 } else {
                     ChangeMembers::RemoveNodes(BTreeSet::from([id]))
                 };
-                raft.change_membership(change, false).await.map_err(membership_error)?;
+                raft.change_membership(change, false).await.map_err(ClusterError::from)?;
                 Ok(ForwardReply::Members(self.voters()))
             }
             ForwardOp::TransferLeader { to } => Ok(ForwardReply::Leader(self.hand_over(to).await?)),
@@ -622,20 +624,6 @@ enum Try {
     Retry(ClusterError),
     /// Served, or failed in a way a retry could make worse.
     Done(Result<ForwardReply, ClusterError>),
-}
-
-fn membership_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ClusterError {
-    match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-            ClusterError::NotLeader(f.leader_id)
-        }
-        // An invalid change (unknown learner, a change already in progress, ...).
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-            ClusterError::BadRequest(e.to_string())
-        }
-        RaftError::APIError(e) => ClusterError::Unavailable(format!("{e}; the outcome is unknown")),
-        RaftError::Fatal(f) => ClusterError::Unavailable(f.to_string()),
-    }
 }
 
 /// A snapshot installed from the leader replaces the state wholesale without going through

@@ -1,6 +1,8 @@
 //! The cluster layer's error: one type, serializable, so a forwarded request's failure reaches
 //! the follower that forwarded it exactly as the leader saw it.
 
+use delayd_store::TypeConfig;
+use openraft::error::{ClientWriteError, RaftError};
 use serde::{Deserialize, Serialize};
 
 /// Why a cluster operation failed.
@@ -41,6 +43,27 @@ impl From<delayd_store::StoreError> for ClusterError {
                     .into(),
             ),
             e => ClusterError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<RaftError<TypeConfig, ClientWriteError<TypeConfig>>> for ClusterError {
+    /// A write (an entry, a membership change) openraft refused or could not finish.
+    fn from(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Self {
+        match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                ClusterError::NotLeader(f.leader_id)
+            }
+            // An invalid membership change (unknown learner, a change already in progress).
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                ClusterError::BadRequest(e.to_string())
+            }
+            // The entry was appended here, then replaced by a new leader's log: it may still
+            // have been committed through that leader.
+            RaftError::APIError(e) => {
+                ClusterError::Unavailable(format!("{e}; the outcome is unknown"))
+            }
+            RaftError::Fatal(f) => ClusterError::Unavailable(format!("raft stopped: {f}")),
         }
     }
 }

@@ -27,8 +27,7 @@
 //! line until its deadline passes with an unknown outcome.
 
 use delayd_core::{Command, Entry, Outcome};
-use delayd_store::{Raft, TypeConfig};
-use openraft::error::{ClientWriteError, RaftError};
+use delayd_store::Raft;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -236,7 +235,7 @@ async fn run(
                     }
                 }
                 Err(e) => {
-                    let err = write_error(e);
+                    let err = ClusterError::from(e);
                     for reply in replies {
                         let _ = reply.send(Err(err.clone()));
                     }
@@ -244,20 +243,5 @@ async fn run(
             }
             drop(slot);
         });
-    }
-}
-
-fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ClusterError {
-    match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-            ClusterError::NotLeader(f.leader_id)
-        }
-        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-            ClusterError::Internal(e.to_string())
-        }
-        // The entry was appended here, then replaced by a new leader's log: it may still
-        // have been committed through that leader.
-        RaftError::APIError(e) => ClusterError::Unavailable(format!("{e}; the outcome is unknown")),
-        RaftError::Fatal(f) => ClusterError::Unavailable(format!("raft stopped: {f}")),
     }
 }

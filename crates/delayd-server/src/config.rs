@@ -67,33 +67,33 @@ pub struct Config {
 }
 
 impl Default for Config {
+    /// The cluster's defaults ([`delayd_raft::ClusterConfig::default`]) for the cluster's
+    /// settings, and the service's own for the rest.
     fn default() -> Self {
+        let c = delayd_raft::ClusterConfig::default();
         Config {
-            node_id: 1,
-            data_dir: PathBuf::from("data"),
+            node_id: c.node_id,
+            data_dir: c.data_dir,
             http_addr: SocketAddr::from(([0, 0, 0, 0], 7777)),
             http: HttpLimits::default(),
-            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 7778)),
-            advertise_addr: None,
-            initial_members: BTreeMap::new(),
-            join: false,
+            grpc_addr: c.grpc_addr,
+            advertise_addr: c.advertise_addr,
+            initial_members: c.initial_members,
+            join: c.join,
             max_body_bytes: 1024 * 1024,
-            // openraft gives each AppendEntries one heartbeat to be sent, decoded and fsynced on
-            // the follower; 4 MiB leaves room for that on a busy 2-core machine.
-            max_entry_bytes: 4 * 1024 * 1024,
+            max_entry_bytes: c.proposer.max_entry_bytes,
             max_horizon: Duration::from_secs(10 * 365 * 86_400),
-            request_timeout: Duration::from_secs(5),
-            max_batch: 512,
-            max_in_flight: 1,
-            batch_linger: Duration::from_millis(1),
-            tick_limit: 1024,
-            snapshot_logs: 50_000,
-            keep_logs: 10_000,
-            // Chosen by measurement, see docs/failover.md.
-            heartbeat_ms: delayd_raft::Timing::default().heartbeat_ms,
-            election_timeout_ms: delayd_raft::Timing::default().election_timeout_ms,
-            transfer_timeout_ms: delayd_raft::Timing::default().transfer_timeout_ms,
-            lease_reads: true,
+            request_timeout: c.request_timeout,
+            max_batch: c.proposer.max_batch,
+            max_in_flight: c.proposer.max_in_flight,
+            batch_linger: c.proposer.linger,
+            tick_limit: c.tick_limit,
+            snapshot_logs: c.snapshot_logs,
+            keep_logs: c.keep_logs,
+            heartbeat_ms: c.timing.heartbeat_ms,
+            election_timeout_ms: c.timing.election_timeout_ms,
+            transfer_timeout_ms: c.timing.transfer_timeout_ms,
+            lease_reads: c.lease_reads,
             auth: AuthConfig::default(),
             debug_clock: false,
         }
@@ -103,14 +103,7 @@ impl Default for Config {
 impl Config {
     /// The gRPC address this node advertises to its peers.
     pub fn advertised(&self) -> String {
-        if let Some(a) = &self.advertise_addr {
-            return a.clone();
-        }
-        let mut addr = self.grpc_addr;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-        }
-        addr.to_string()
+        delayd_raft::config::advertised(self.grpc_addr, self.advertise_addr.as_deref())
     }
 
     /// Checks the configuration, naming the first problem found.

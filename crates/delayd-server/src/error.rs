@@ -71,17 +71,9 @@ impl From<delayd_core::KvError> for ServiceError {
 }
 
 impl From<delayd_store::StoreError> for ServiceError {
-    /// A snapshot install makes the replica unreadable for its duration: that is a transient
-    /// refusal (retry, or ask another node), not a fault. Anything else from storage is.
+    /// As the cluster maps it: a snapshot install is a transient refusal, the rest a fault.
     fn from(e: delayd_store::StoreError) -> Self {
-        match e {
-            delayd_store::StoreError::Installing => ServiceError::Unavailable(
-                "this node is installing a snapshot from the leader and cannot read its state \
-                 right now; retry shortly or ask another node"
-                    .into(),
-            ),
-            e => ServiceError::Internal(e.to_string()),
-        }
+        delayd_raft::ClusterError::from(e).into()
     }
 }
 

@@ -296,10 +296,7 @@ impl Node {
         stale: bool,
         f: impl FnOnce(&ReadView<'_>) -> Result<T, KvError>,
     ) -> Result<T, ServiceError> {
-        if !stale {
-            self.read_barrier().await?;
-        }
-        let view = self.inner.cluster.reader().read_view()?;
+        let view = self.inner.cluster.read(stale).await?;
         Ok(f(&view)?)
     }
 
