@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::kv::{KvError, KvRead};
 use crate::model::{Job, JobId, QueueName};
 
 /// One Raft log entry: a batch of commands applied in order at one leader timestamp.
@@ -225,6 +226,19 @@ pub enum Command {
 }
 
 impl Command {
+    /// The outcome of this command when `kv` shows that applying it would change nothing
+    /// visible: a reserve with nothing ready answers "no jobs". The leader answers such a
+    /// command from its state instead of spending a log entry (and an fsync on every node) on
+    /// it; `None` means it must go through the log.
+    pub fn idle_outcome(&self, kv: &impl KvRead) -> Result<Option<Outcome>, KvError> {
+        match self {
+            Command::Reserve { queues, .. } if !crate::query::anything_ready(kv, queues)? => {
+                Ok(Some(Ok(Reply::Reserved(Vec::new()))))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// An upper estimate of the command's encoded size in bytes, cheap to compute: the
     /// variable-length parts (body, key, attributes, names) plus a fixed allowance for the
     /// rest. The proposer bounds an entry's size with it without encoding anything.

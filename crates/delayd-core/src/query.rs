@@ -65,6 +65,18 @@ pub fn queue_meta(kv: &impl KvRead, queue: &QueueName) -> Result<QueueMeta, KvEr
         .unwrap_or_default())
 }
 
+/// Whether a reserve from `queues` would find anything: some queue is not paused and has
+/// ready jobs. Reads one small metadata record per queue.
+pub fn anything_ready(kv: &impl KvRead, queues: &[QueueName]) -> Result<bool, KvError> {
+    for queue in queues {
+        let meta = queue_meta(kv, queue)?;
+        if !meta.paused && meta.count(crate::model::JobState::Ready) > 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Every queue with its metadata, sorted by namespace then queue; only those of `namespace`
 /// when one is given; at most `limit` (the first ones in that order).
 ///

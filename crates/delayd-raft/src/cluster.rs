@@ -31,6 +31,7 @@ use crate::forward::{ForwardOp, ForwardReply, NodeStatus};
 use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
+use crate::relay::{Relay, RelayStats};
 use crate::server::{self, ForwardHandler, Services};
 
 /// What the node's owner wants to hear about the replicated state.
@@ -57,6 +58,7 @@ struct Inner {
     inbox: SnapshotInbox,
     proposer: Proposer,
     network: GrpcNetwork,
+    relay: Relay,
     shutdown: watch::Sender<bool>,
     /// The background tasks, joined by [`Cluster::shutdown`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -163,8 +165,11 @@ impl Cluster {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (proposer, proposer_task) =
             Proposer::spawn(raft.clone(), clock.clone(), config.proposer, shutdown_rx.clone());
+        let (relay, relay_task) =
+            Relay::spawn(network.clone(), config.proposer.max_entry_bytes, shutdown_rx.clone());
         let tasks = vec![
             proposer_task,
+            relay_task,
             tokio::spawn(watch_snapshots(
                 raft.clone(),
                 observer,
@@ -190,6 +195,7 @@ impl Cluster {
                 inbox,
                 proposer,
                 network,
+                relay,
                 shutdown,
                 tasks: Mutex::new(tasks),
                 listener: Mutex::new(Some(listener)),
@@ -453,11 +459,19 @@ impl Cluster {
 
     /// Sends `op` to the leader (itself included) until it is served or `deadline` passes,
     /// retrying only while nothing can have been applied.
-    async fn on_leader(
+    ///
+    /// Boxed: serving a batch on the leader comes back here through `serve_forwarded`, and
+    /// without a box every caller's future would nest the whole routing state machine (deep
+    /// enough to overflow rustc's layout depth in the server's handlers).
+    fn on_leader(
         &self,
         op: ForwardOp,
         deadline: Instant,
-    ) -> Result<ForwardReply, ClusterError> {
+    ) -> futures::future::BoxFuture<'_, Result<ForwardReply, ClusterError>> {
+        Box::pin(self.route(op, deadline))
+    }
+
+    async fn route(&self, op: ForwardOp, deadline: Instant) -> Result<ForwardReply, ClusterError> {
         let me = self.inner.config.node_id;
         let mut metrics = self.inner.raft.metrics();
         loop {
@@ -467,15 +481,28 @@ impl Cluster {
                     r => Try::Done(r),
                 },
                 Some((leader, Some(addr))) => {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    let sent =
-                        self.inner.network.forward(leader, &addr, codec::encode(&op), remaining);
-                    match sent.await {
-                        Ok(bytes) => match codec::decode::<ForwardReply>(&bytes)? {
-                            ForwardReply::Failed(e @ ClusterError::NotLeader(_)) => Try::Retry(e),
-                            ForwardReply::Failed(e) => Try::Done(Err(e)),
-                            reply => Try::Done(Ok(reply)),
-                        },
+                    let sent = if Relay::batches(&op) {
+                        self.inner.relay.send(leader, &addr, op.clone(), deadline).await
+                    } else {
+                        let remaining = deadline.saturating_duration_since(Instant::now());
+                        let sent = self.inner.network.forward(
+                            leader,
+                            &addr,
+                            codec::encode(&op),
+                            remaining,
+                        );
+                        sent.await.and_then(|bytes| {
+                            codec::decode::<ForwardReply>(&bytes).map_err(|e| {
+                                ForwardError::Status(tonic::Status::internal(format!(
+                                    "bad forward reply: {e}"
+                                )))
+                            })
+                        })
+                    };
+                    match sent {
+                        Ok(ForwardReply::Failed(e @ ClusterError::NotLeader(_))) => Try::Retry(e),
+                        Ok(ForwardReply::Failed(e)) => Try::Done(Err(e)),
+                        Ok(reply) => Try::Done(Ok(reply)),
                         // Never sent: safe to try again.
                         Err(ForwardError::Unreachable(e)) => Try::Retry(ClusterError::Unavailable(
                             format!("leader {leader} unreachable: {e}"),
@@ -513,23 +540,24 @@ impl Cluster {
         let raft = &self.inner.raft;
         match op {
             ForwardOp::Propose(commands) => {
+                if let Some(outcomes) = self.idle_outcomes(&commands).await? {
+                    return Ok(ForwardReply::Outcomes(outcomes));
+                }
                 Ok(ForwardReply::Outcomes(self.inner.proposer.propose(commands).await?))
             }
-            ForwardOp::ReadIndex => {
-                let policy = if self.inner.config.lease_reads {
-                    ReadPolicy::LeaseRead
-                } else {
-                    ReadPolicy::ReadIndex
-                };
-                match raft.get_read_linearizer(policy).await {
-                    Ok(linearizer) => {
-                        Ok(ForwardReply::ReadIndex(Some(linearizer.read_log_id().index())))
-                    }
-                    Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
-                        Err(ClusterError::NotLeader(f.leader_id))
-                    }
-                    Err(e) => Err(ClusterError::Unavailable(e.to_string())),
-                }
+            ForwardOp::ReadIndex => Ok(ForwardReply::ReadIndex(Some(self.read_index().await?))),
+            ForwardOp::Batch(ops) => {
+                let served = ops.into_iter().map(|op| async move {
+                    let served = match op {
+                        ForwardOp::Batch(_) => {
+                            Err(ClusterError::BadRequest("batches do not nest".into()))
+                        }
+                        // Boxed: the future would otherwise contain itself.
+                        op => Box::pin(self.serve_forwarded(op)).await,
+                    };
+                    served.unwrap_or_else(ForwardReply::Failed)
+                });
+                Ok(ForwardReply::Batch(futures::future::join_all(served).await))
             }
             ForwardOp::AddLearner { id, addr } => {
                 raft.add_learner(id, BasicNode::new(addr), true)
@@ -554,6 +582,65 @@ impl Cluster {
             ForwardOp::TransferLeader { to } => Ok(ForwardReply::Leader(self.hand_over(to).await?)),
             ForwardOp::Status => Ok(ForwardReply::Status(self.status())),
         }
+    }
+
+    /// On the leader: the index a linearizable read must wait for (its commit index, with
+    /// leadership confirmed by its lease or by a quorum).
+    async fn read_index(&self) -> Result<u64, ClusterError> {
+        let policy = if self.inner.config.lease_reads {
+            ReadPolicy::LeaseRead
+        } else {
+            ReadPolicy::ReadIndex
+        };
+        match self.inner.raft.get_read_linearizer(policy).await {
+            Ok(linearizer) => Ok(linearizer.read_log_id().index()),
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
+                Err(ClusterError::NotLeader(f.leader_id))
+            }
+            Err(e) => Err(ClusterError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// On the leader: the outcomes of `commands` when every one of them would change nothing
+    /// (a reserve with nothing ready), answered from the state without a log entry; `None`
+    /// when they must be proposed. An idle answer is a linearizable read: it is given only
+    /// after the leader confirmed its leadership and applied everything committed before, so
+    /// a job whose publish was acknowledged anywhere is never answered "none ready".
+    async fn idle_outcomes(
+        &self,
+        commands: &[Command],
+    ) -> Result<Option<Vec<Outcome>>, ClusterError> {
+        let idle = |view: &ReadView<'_>| -> Result<Option<Vec<Outcome>>, ClusterError> {
+            let mut outcomes = Vec::with_capacity(commands.len());
+            for c in commands {
+                match c.idle_outcome(view)? {
+                    Some(o) => outcomes.push(o),
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(outcomes))
+        };
+        // The cheap test first, on the state as it is: under load there is work to do and
+        // nothing more is spent here.
+        if !commands.iter().all(|c| matches!(c, Command::Reserve { .. }))
+            || idle(&self.inner.reader.read_view()?)?.is_none()
+        {
+            return Ok(None);
+        }
+        let index = self.read_index().await?;
+        let remaining = self.inner.config.request_timeout;
+        self.inner
+            .raft
+            .wait(Some(remaining))
+            .applied_index_at_least(Some(index), "read index")
+            .await
+            .map_err(|e| ClusterError::Unavailable(format!("leader did not apply in time: {e}")))?;
+        idle(&self.inner.reader.read_view()?)
+    }
+
+    /// What this node's relay has forwarded to leaders: calls made and operations carried.
+    pub fn relay_stats(&self) -> RelayStats {
+        self.inner.relay.stats()
     }
 
     /// The current voters.

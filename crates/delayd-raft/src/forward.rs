@@ -43,6 +43,9 @@ pub enum ForwardOp {
     },
     /// Report this node's view (not forwarded to the leader: asked of every member).
     Status,
+    /// Several operations in one call, served concurrently and answered in order by a
+    /// [`ForwardReply::Batch`] (see [`crate::relay`]). Batches do not nest.
+    Batch(Vec<ForwardOp>),
 }
 
 /// The answer to a [`ForwardOp`].
@@ -60,6 +63,8 @@ pub enum ForwardReply {
     Leader(u64),
     /// The operation failed.
     Failed(ClusterError),
+    /// The answers to a [`ForwardOp::Batch`], in its order.
+    Batch(Vec<ForwardReply>),
 }
 
 /// One node's own report of where it is.

@@ -11,7 +11,8 @@
 //!   the timer index and proposes a bounded `Tick`;
 //! - **routing** ([`Cluster::propose`], [`Cluster::read_barrier`]): any node accepts any
 //!   operation and sends what only the leader can do to it over the internal `Forward` RPC
-//!   ([`forward`]), retrying only when nothing can have been written;
+//!   ([`forward`]), retrying only when nothing can have been written; a follower's
+//!   concurrent requests share calls ([`relay`]);
 //! - **membership** and **leadership transfer** ([`Cluster::change_members`],
 //!   [`Cluster::transfer_leader`]);
 //! - the node's **clock** ([`clock`]), which stamps entries;
@@ -46,6 +47,7 @@ pub mod forward;
 pub mod network;
 pub mod propose;
 pub mod pump;
+pub mod relay;
 pub mod server;
 
 pub use cluster::{Cluster, Observer};

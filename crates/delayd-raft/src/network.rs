@@ -119,7 +119,7 @@ pub struct GrpcNetwork {
 }
 
 /// Why [`GrpcNetwork::forward`] failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ForwardError {
     /// No connection to the peer could be opened (or its address is invalid): the call was
     /// never sent, so retrying it elsewhere is safe.

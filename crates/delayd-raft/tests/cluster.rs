@@ -131,17 +131,7 @@ impl TestCluster {
     async fn publish(&mut self, via: u64) -> std::result::Result<JobId, ClusterError> {
         self.next_job += 1;
         let id = JobId(self.next_job);
-        let job = NewJob {
-            id,
-            key: None,
-            body: b"x".to_vec(),
-            attributes: Default::default(),
-            due: Due::After(3_600_000),
-            ttl_ms: None,
-            tries: 1,
-            ttr_ms: 1000,
-            priority: 0,
-        };
+        let job = new_job(id);
         let outcomes =
             self.node(via).propose(vec![Command::Publish { queue: queue(), job }]).await?;
         match &outcomes[..] {
@@ -173,6 +163,21 @@ impl TestCluster {
             self.stop(id).await;
         }
         drop(std::mem::take(&mut self.dirs));
+    }
+}
+
+/// A job due in an hour.
+fn new_job(id: JobId) -> NewJob {
+    NewJob {
+        id,
+        key: None,
+        body: b"x".to_vec(),
+        attributes: Default::default(),
+        due: Due::After(3_600_000),
+        ttl_ms: None,
+        tries: 1,
+        ttr_ms: 1000,
+        priority: 0,
     }
 }
 
@@ -346,6 +351,85 @@ async fn a_slow_link_slows_forwarding_but_loses_nothing() -> Result {
     assert_eq!(c.agreed_leader().await?, (leader, term));
     for id in 1..=3 {
         c.holds(id, &acked).await?;
+    }
+    c.stop_all().await;
+    Ok(())
+}
+
+/// Concurrent writes through a follower share `Forward` calls: while calls are in flight
+/// (slowed here, so every write queues behind them) the rest wait in the relay and go
+/// together. Every write is answered, in its own outcome, and held by every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_concurrent_writes_share_forward_calls() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    c.faults.slow(follower, leader, Duration::from_millis(30));
+    let before = c.node(follower).relay_stats();
+    const WRITES: u64 = 200;
+    let jobs: Vec<NewJob> = (0..WRITES)
+        .map(|_| {
+            c.next_job += 1;
+            new_job(JobId(c.next_job))
+        })
+        .collect();
+    let node = c.node(follower).clone();
+    let answers = futures::future::join_all(jobs.iter().map(|job| {
+        let node = node.clone();
+        let command = Command::Publish { queue: queue(), job: job.clone() };
+        async move { node.propose(vec![command]).await }
+    }))
+    .await;
+    let mut acked = Vec::new();
+    for (job, answer) in jobs.iter().zip(answers) {
+        match &answer?[..] {
+            [Outcome::Ok(Reply::Published { id })] => {
+                assert_eq!(*id, job.id, "each write gets its own outcome");
+                acked.push(*id);
+            }
+            other => return Err(format!("unexpected outcome {other:?}").into()),
+        }
+    }
+    let sent = c.node(follower).relay_stats();
+    let (calls, ops) = (sent.calls - before.calls, sent.ops - before.ops);
+    assert_eq!(ops, WRITES, "every write went through the relay once");
+    // One call per write would be 200; four in flight at 30 ms each leave the rest queued.
+    assert!(calls <= WRITES / 4, "{calls} calls for {WRITES} writes");
+    c.faults.heal();
+    for id in 1..=3 {
+        c.holds(id, &acked).await?;
+    }
+    c.stop_all().await;
+    Ok(())
+}
+
+/// A reserve that finds nothing ready is answered by the leader without a log entry, also
+/// when it came through a follower; one that finds a job goes through the log as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_reserve_costs_no_log_entry() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let reserve =
+        || Command::Reserve { queues: vec![queue()], count: 1, ttr_ms: None, lease_seed: 7 };
+    let last_log = |c: &TestCluster| c.node(leader).metrics().last_log_index;
+    let before = last_log(&c);
+    for via in [leader, follower] {
+        match &c.node(via).propose(vec![reserve()]).await?[..] {
+            [Outcome::Ok(Reply::Reserved(got))] => assert!(got.is_empty(), "{got:?}"),
+            other => return Err(format!("unexpected outcome {other:?}").into()),
+        }
+    }
+    assert_eq!(last_log(&c), before, "idle reserves wrote nothing");
+    c.next_job += 1;
+    let mut job = new_job(JobId(c.next_job));
+    job.due = Due::After(0);
+    c.node(leader).propose(vec![Command::Publish { queue: queue(), job }]).await?;
+    match &c.node(follower).propose(vec![reserve()]).await?[..] {
+        [Outcome::Ok(Reply::Reserved(got))] => {
+            assert_eq!(got.iter().map(|d| d.job.id).collect::<Vec<_>>(), [JobId(c.next_job)]);
+        }
+        other => return Err(format!("unexpected outcome {other:?}").into()),
     }
     c.stop_all().await;
     Ok(())

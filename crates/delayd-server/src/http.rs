@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use crate::error::ServiceError;
 use crate::node::Node;
-use crate::service::{job_id, queue_name, PublishParams};
+use crate::service::{job_id, queue_name, AckFirst, PublishParams};
 
 /// The one place where service errors become HTTP statuses.
 pub fn error(e: &ServiceError) -> StatusCode {
@@ -159,6 +159,29 @@ impl Params {
                 .map(Some)
                 .map_err(|_| bad(format!("invalid lease {s:?}: expected the token from reserve"))),
         }
+    }
+
+    /// A reserve's `ack` extension: `ack` (a job id) with its `ack_lease`, in `ack_queue`
+    /// (default: the first queue reserved from), all of namespace `ns`.
+    fn ack_first(&self, ns: &str, queues: &[QueueName]) -> Result<Option<AckFirst>, ApiError> {
+        let Some(id) = self.str("ack") else {
+            if self.0.contains_key("ack_lease") || self.0.contains_key("ack_queue") {
+                return Err(bad("ack_lease and ack_queue need ack (the job id to ack)"));
+            }
+            return Ok(None);
+        };
+        let id = job_id(id)?;
+        let lease = match self.str("ack_lease") {
+            None => None,
+            Some(s) => Some(u64::from_str_radix(s, 16).map_err(|_| {
+                bad(format!("invalid ack_lease {s:?}: expected the token from reserve"))
+            })?),
+        };
+        let queue = match self.str("ack_queue") {
+            Some(q) => queue_name(ns, q)?,
+            None => queues.first().cloned().ok_or_else(|| bad("no queue named"))?,
+        };
+        Ok(Some(AckFirst { queue, id, lease }))
     }
 
     /// `delay` (s), `delay_ms` or `at` (unix ms); at most one.
@@ -422,19 +445,33 @@ async fn reserve(
     let wait = Duration::from_secs(p.num::<u64>("timeout")?.unwrap_or(0));
     let count_given = p.num::<u32>("count")?;
     let count = count_given.unwrap_or(1);
-    let got = node.reserve(queues, count, ttr_ms, wait).await?;
+    let ack = p.ack_first(&ns, &queues)?;
+    let (acked, got) = node.reserve_after_ack(queues, count, ttr_ms, wait, ack).await?;
+    // The extension's answer says whether the previous job went; lmstfy's shape otherwise.
+    let with_acked = |mut v: Value| {
+        if let Some(a) = acked {
+            v["acked"] = json!(a);
+        }
+        v
+    };
     if got.is_empty() {
-        return Ok(
-            (StatusCode::NOT_FOUND, Json(json!({"msg": "no job available"}))).into_response()
-        );
+        let v = with_acked(json!({"msg": "no job available"}));
+        return Ok((StatusCode::NOT_FOUND, Json(v)).into_response());
     }
     let now = node.clock().now_ms();
-    // lmstfy answers one object for count=1 and an array when more were asked for.
-    if count > 1 {
+    // lmstfy answers one object for count=1 and an array when more were asked for (the
+    // array has no room for `acked`: it travels in a header as well).
+    let mut resp = if count > 1 {
         let all: Vec<Value> = got.iter().map(|d| delivery_json(d, now)).collect();
-        return Ok(Json(Value::Array(all)).into_response());
+        Json(Value::Array(all)).into_response()
+    } else {
+        Json(with_acked(delivery_json(&got[0], now))).into_response()
+    };
+    if let Some(a) = acked {
+        resp.headers_mut()
+            .insert("delayd-acked", HeaderValue::from_static(if a { "true" } else { "false" }));
     }
-    Ok(Json(delivery_json(&got[0], now)).into_response())
+    Ok(resp)
 }
 
 async fn ack(State(node): State<Node>, JobRef(queue, id): JobRef, Query(params): Q) -> ApiResult {

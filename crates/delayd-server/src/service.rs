@@ -41,6 +41,17 @@ pub const MAX_RESERVE_COUNT: u32 = 100;
 /// Longest long-poll.
 pub const MAX_WAIT: Duration = Duration::from_secs(600);
 
+/// The job a consumer acks on its next reserve ([`Node::reserve_after_ack`]).
+#[derive(Clone, Debug)]
+pub struct AckFirst {
+    /// Its queue.
+    pub queue: QueueName,
+    /// The job.
+    pub id: JobId,
+    /// The lease of its reservation; `None` acks whoever holds it.
+    pub lease: Option<u64>,
+}
+
 /// How a job is to be published (everything but its body).
 #[derive(Clone, Debug)]
 pub struct PublishParams {
@@ -140,6 +151,27 @@ fn published(r: Reply) -> Result<Published, ServiceError> {
     }
 }
 
+/// What a reserve (after an optional ack) got: whether the ack removed its job (`None` when
+/// no ack was asked for) and the deliveries.
+type Reserved = (Option<bool>, Vec<Delivery>);
+
+/// The outcomes of a reserve, possibly after an ack: whether the ack removed its job, and
+/// the deliveries. A rejected ack (its lease is no longer the job's) removed nothing.
+fn reserved(outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
+    let mut outcomes = outcomes.into_iter();
+    let mut acked = None;
+    let mut next = outcomes.next();
+    if outcomes.len() == 1 {
+        acked = Some(matches!(next, Some(Ok(Reply::Removed(true)))));
+        next = outcomes.next();
+    }
+    let outcome = next.ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
+    match reply(outcome)? {
+        Reply::Reserved(got) => Ok((acked, got)),
+        r => Err(unexpected(r)),
+    }
+}
+
 fn unexpected(r: Reply) -> ServiceError {
     ServiceError::Internal(format!("unexpected reply {r:?}"))
 }
@@ -148,7 +180,7 @@ fn unexpected(r: Reply) -> ServiceError {
 /// away), it closes the channel and returns whatever arrived in the meantime: together with
 /// the sender's check, no outcome can fall between the two.
 struct ReserveOutcome<'a> {
-    rx: Option<tokio::sync::oneshot::Receiver<Result<Vec<Delivery>, ServiceError>>>,
+    rx: Option<tokio::sync::oneshot::Receiver<Result<Reserved, ServiceError>>>,
     node: &'a Node,
 }
 
@@ -156,7 +188,7 @@ impl Drop for ReserveOutcome<'_> {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else { return };
         rx.close();
-        if let Ok(Ok(undelivered)) = rx.try_recv() {
+        if let Ok(Ok((_, undelivered))) = rx.try_recv() {
             let node = self.node.clone();
             tokio::spawn(async move { node.return_deliveries(undelivered).await });
         }
@@ -367,6 +399,23 @@ impl Node {
         ttr_ms: Option<u64>,
         wait: Duration,
     ) -> Result<Vec<Delivery>, ServiceError> {
+        Ok(self.reserve_after_ack(queues, count, ttr_ms, wait, None).await?.1)
+    }
+
+    /// [`Node::reserve`], first acking the consumer's previous job when `ack` names one: the
+    /// ack rides in the same log entry as the first reserve attempt, so a consumer that acks
+    /// and reserves makes one round trip and costs one entry instead of two. Returns whether
+    /// the acked job was removed (`None` when none was named) with the deliveries. The ack
+    /// happens even when nothing is ready; a lease that is no longer the job's acks nothing
+    /// and answers `false`, as a plain ack would answer its conflict.
+    pub async fn reserve_after_ack(
+        &self,
+        queues: Vec<QueueName>,
+        count: u32,
+        ttr_ms: Option<u64>,
+        wait: Duration,
+        ack: Option<AckFirst>,
+    ) -> Result<Reserved, ServiceError> {
         if queues.is_empty() {
             return Err(ServiceError::BadRequest("no queue named".into()));
         }
@@ -389,44 +438,40 @@ impl Node {
             notifies: queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect(),
         };
         let notifies = &guard.notifies;
+        let mut ack = ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease });
+        let mut acked = None;
+        // The first attempt always goes to the leader, which answers "nothing ready" from its
+        // own (current) state without a log entry, so a follower needs no read-index round
+        // trip first. Later attempts follow this replica's wake-ups: a job made ready anywhere
+        // reaches every replica's waiters when the replica applies it.
+        let mut ask_leader = true;
         loop {
             // Register before trying, so a job made ready in between still wakes us.
             let mut woken: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
             for w in &mut woken {
                 w.as_mut().enable();
             }
-            // Only propose when the replica shows something to take: an empty reserve would
-            // cost a log entry and an fsync on every poll. The leader has applied every write
-            // it acknowledged; a follower first catches up (read index), so a job published
-            // through any node is seen by the next reserve.
-            let ready = self.read(self.is_leader(), |v| {
-                for q in &queues {
-                    let meta = query::queue_meta(v, q)?;
-                    if !meta.paused && meta.count(delayd_core::JobState::Ready) > 0 {
-                        return Ok(true);
-                    }
+            let attempt =
+                ask_leader || self.read(true, |v| query::anything_ready(v, &queues)).await?;
+            ask_leader = false;
+            if attempt {
+                let reserve = Command::Reserve {
+                    queues: queues.clone(),
+                    count,
+                    ttr_ms,
+                    lease_seed: rand::random(),
+                };
+                let commands = match ack.take() {
+                    Some(a) => vec![a, reserve],
+                    None => vec![reserve],
+                };
+                let (removed, got) = self.reserve_once(commands).await?;
+                acked = acked.or(removed);
+                if !got.is_empty() || Instant::now() >= deadline {
+                    return Ok((acked, got));
                 }
-                Ok(false)
-            });
-            if !ready.await? {
-                if Instant::now() >= deadline {
-                    return Ok(Vec::new());
-                }
-                tokio::select! {
-                    _ = select_all(woken) => {}
-                    _ = tokio::time::sleep_until(deadline) => {}
-                }
-                continue;
-            }
-            let command = Command::Reserve {
-                queues: queues.clone(),
-                count,
-                ttr_ms,
-                lease_seed: rand::random(),
-            };
-            let got = self.reserve_once(command).await?;
-            if !got.is_empty() || Instant::now() >= deadline {
-                return Ok(got);
+            } else if Instant::now() >= deadline {
+                return Ok((acked, Vec::new()));
             }
             tokio::select! {
                 _ = select_all(woken) => {}
@@ -435,21 +480,21 @@ impl Node {
         }
     }
 
-    /// Proposes one reserve in a task of its own, so that deliveries whose caller has gone
-    /// (the client disconnected, the request was dropped) while the entry was being
-    /// committed are released at once instead of staying leased for their ttr — with one try
-    /// left they would otherwise go to the dead letter without ever being handed out.
-    async fn reserve_once(&self, command: Command) -> Result<Vec<Delivery>, ServiceError> {
+    /// Proposes one reserve (after an ack, when `commands` holds two) in a task of its own,
+    /// so that deliveries whose caller has gone (the client disconnected, the request was
+    /// dropped) while the entry was being committed are released at once instead of staying
+    /// leased for their ttr — with one try left they would otherwise go to the dead letter
+    /// without ever being handed out.
+    async fn reserve_once(&self, commands: Vec<Command>) -> Result<Reserved, ServiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let node = self.clone();
         tokio::spawn(async move {
-            let got = match node.write_one(command).await {
-                Ok(Reply::Reserved(got)) => Ok(got),
-                Ok(r) => Err(unexpected(r)),
+            let got = match node.write(commands).await {
+                Ok(outcomes) => reserved(outcomes),
                 Err(e) => Err(e),
             };
             // The caller went away before the outcome: nobody will deliver these.
-            if let Err(Ok(undelivered)) = tx.send(got) {
+            if let Err(Ok((_, undelivered))) = tx.send(got) {
                 node.return_deliveries(undelivered).await;
             }
         });

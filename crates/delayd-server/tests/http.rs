@@ -289,6 +289,59 @@ async fn ack_deletes_and_checks_the_lease() {
     t.stop().await;
 }
 
+/// The `ack` extension: a consumer acks its previous job on its next reserve, in one request
+/// and one log entry; the answer says whether the previous job went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_acks_the_previous_job_in_the_same_request() {
+    let t = TestNode::start().await;
+    let first = t.publish(Q, "a").await;
+    let second = t.publish(Q, "b").await;
+    let job = t.reserve(Q).await;
+    assert_eq!(job["job_id"], first.as_str());
+    let lease = job["lease"].as_str().unwrap().to_string();
+
+    let applied = t.applied().await;
+    let v = t.reserve(&format!("{Q}?ack={first}&ack_lease={lease}")).await;
+    assert_eq!(v["job_id"], second.as_str(), "{v}");
+    assert_eq!(v["acked"], true, "{v}");
+    assert_eq!(t.applied().await, applied + 1, "the ack and the reserve share one entry");
+    assert_eq!(t.get(&format!("{Q}/job/{first}")).await.0, StatusCode::NOT_FOUND);
+
+    // Nothing left: the ack still happens, and the 404 says so.
+    let lease = v["lease"].as_str().unwrap().to_string();
+    let (status, v) = t.get(&format!("{Q}?ack={second}&ack_lease={lease}&timeout=0")).await;
+    assert_eq!(
+        (status, v),
+        (StatusCode::NOT_FOUND, json!({"msg": "no job available", "acked": true}))
+    );
+    assert_eq!(t.get(&format!("{Q}/job/{second}")).await.0, StatusCode::NOT_FOUND);
+
+    // A lease that is not the job's acks nothing; the reserve is served all the same.
+    let third = t.publish(Q, "c").await;
+    let fourth = t.publish(Q, "d").await;
+    let job = t.reserve(Q).await;
+    assert_eq!(job["job_id"], third.as_str());
+    let wrong = other_lease(&job["lease"]);
+    let v = t.reserve(&format!("{Q}?ack={third}&ack_lease={wrong}")).await;
+    assert_eq!((v["job_id"].as_str(), &v["acked"]), (Some(fourth.as_str()), &json!(false)));
+    assert_eq!(t.get(&format!("{Q}/job/{third}")).await.0, StatusCode::OK, "still there");
+
+    // Bad parameters are refused before anything is written.
+    let applied = t.applied().await;
+    for (uri, names) in [
+        (format!("{Q}?ack=nope"), "job id"),
+        (format!("{Q}?ack={third}&ack_lease=zz"), "ack_lease"),
+        (format!("{Q}?ack_lease=1f"), "ack_lease"),
+        (format!("{Q}?ack={third}&ack_queue=bad%20name"), "queue"),
+    ] {
+        let (status, v) = t.get(&uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(names), "{uri}: {v}");
+    }
+    assert_eq!(t.applied().await, applied, "refused requests wrote nothing");
+    t.stop().await;
+}
+
 // ---- time ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

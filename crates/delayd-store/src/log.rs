@@ -260,16 +260,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Not synced: losing the latest commit index in a crash only means re-learning it from
-    /// the leader; it rides along with the next synced append anyway.
+    /// the leader; it rides along with the next synced append anyway. Inline, like `append`:
+    /// openraft saves it on every commit, and an unsynced put of a few bytes costs less than
+    /// the hop to the blocking pool and back.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), std::io::Error> {
-        let db = self.db.clone();
         let index = committed.map_or(0, |c| c.index);
-        blocking(move || {
-            let cf = db::cf(&db, CF_RAFT_META)?;
-            Ok(db.put_cf(cf, meta_key::COMMITTED, codec::encode(&committed))?)
-        })
-        .await
-        .map_err(std::io::Error::from)?;
+        let saved = db::cf(&self.db, CF_RAFT_META).and_then(|cf| {
+            Ok(self.db.put_cf(cf, meta_key::COMMITTED, codec::encode(&committed))?)
+        });
+        saved.map_err(std::io::Error::from)?;
         self.metrics.commit_index.set(i64::try_from(index).unwrap_or(i64::MAX));
         Ok(())
     }
