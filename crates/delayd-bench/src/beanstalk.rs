@@ -17,7 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
 
 use crate::cluster::{free_ports, Proc};
-use crate::stats::{join_all, ms_since, Budget, Row, Tally};
+use crate::stats::{join_all, ms_since, Budget, CpuMeter, Row, Tally};
 use crate::workloads::{body, Drainer, Opts};
 
 /// Priority of every job (beanstalkd's conventional default).
@@ -55,15 +55,14 @@ pub struct Server {
     pub addr: String,
     /// The mode it runs in.
     pub mode: Mode,
-    // Held only so that dropping the server kills the process.
-    _proc: Proc,
+    // Dropping the server kills the process.
+    proc: Proc,
     _dir: tempfile::TempDir,
 }
 
 /// The beanstalkd binary on `PATH`, if any.
 pub fn find_binary() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("beanstalkd")).find(|p| p.is_file())
+    crate::cluster::on_path("beanstalkd")
 }
 
 impl Server {
@@ -94,7 +93,12 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Server { addr, mode, _proc: proc, _dir: dir })
+        Ok(Server { addr, mode, proc, _dir: dir })
+    }
+
+    /// The process id, for its CPU time.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
     }
 }
 
@@ -231,9 +235,9 @@ pub async fn publish(server: &Server, opts: &Opts) -> Result<Row> {
     Ok(row)
 }
 
-/// `drain` against beanstalkd: preload ready jobs (pipelined), then C consumers
-/// `reserve-with-timeout` + `delete` until all are gone.
-pub async fn drain(server: &Server, opts: &Opts) -> Result<Row> {
+/// `drain` against beanstalkd: preload ready jobs (pipelined, and left out of `cpu`), then C
+/// consumers `reserve-with-timeout` + `delete` until all are gone.
+pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> {
     let total = opts.drain_jobs;
     let loaders = opts.clients.clamp(1, 8) as u64;
     let mut tasks = Vec::new();
@@ -255,6 +259,7 @@ pub async fn drain(server: &Server, opts: &Opts) -> Result<Row> {
     for t in tasks {
         t.await??;
     }
+    cpu.restart();
     let mut conns = Vec::new();
     for _ in 0..opts.clients {
         conns.push(Conn::connect(&server.addr, "drain").await?);
@@ -281,5 +286,5 @@ pub async fn drain(server: &Server, opts: &Opts) -> Result<Row> {
             d.finish()
         }));
     }
-    crate::workloads::drain_row(server.mode.label(), tasks, total).await
+    crate::workloads::drain_row(server.mode.label(), "drain", "reserve+ack", tasks, total).await
 }

@@ -1,6 +1,7 @@
 //! The systems under test as processes: a delayd cluster the bench starts itself (fresh temp
 //! data directories, loopback ports) or one it is pointed at, and the helpers that look at the
-//! processes from outside (RSS from `/proc`, disk usage of a data directory).
+//! processes from outside (RSS from `/proc`, disk usage of a data directory; CPU time is in
+//! [`crate::stats`]).
 //!
 //! Every process the bench starts is owned by a guard whose `Drop` kills it (`kill -9`) and
 //! reaps it, so an error, a panic or Ctrl-C (which drops the running future) never leaves a
@@ -101,8 +102,8 @@ pub struct Cluster {
     pub urls: Vec<String>,
     /// Each node's gRPC address (`host:port`), in node-id order; empty for a target.
     pub grpc: Vec<String>,
-    /// The credential every request shows (a target's token); `None` for the clusters the
-    /// bench starts, which run with `--dev`.
+    /// The credential every request shows: a target's token, or the admin token of a
+    /// cluster the bench started with auth on; `None` for one started with `--dev`.
     pub token: Option<String>,
     bin: PathBuf,
     nodes: Vec<Node>,
@@ -112,8 +113,13 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts `n` nodes of `bin` on fresh ports and temp data dirs and waits for a leader.
-    pub async fn start(bin: &Path, n: usize) -> Result<Cluster> {
+    /// With `auth` the nodes run as in production, without `--dev`: they share one admin
+    /// token file, which the first node to start generates, and every request shows it.
+    pub async fn start(bin: &Path, n: usize, auth: bool) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("delayd-bench-").tempdir()?;
+        // Not a node's default `<data_dir>/admin-token`: the nodes of one cluster must all
+        // know the same token, and delayd lets nodes share a file (the first one writes it).
+        let token_file = dir.path().join("admin-token");
         let ports = free_ports(2 * n)?;
         let (http, grpc) = ports.split_at(n);
         let peers = if n > 1 {
@@ -125,9 +131,13 @@ impl Cluster {
         for i in 0..n {
             let id = i as u64 + 1;
             let data_dir = dir.path().join(format!("node{id}"));
-            let mut args = vec![
-                // The bench measures the queue, not authentication.
-                "--dev".to_string(),
+            let mut args = if auth {
+                vec!["--admin-token-file".to_string(), token_file.display().to_string()]
+            } else {
+                // By default the bench measures the queue, not authentication.
+                vec!["--dev".to_string()]
+            };
+            args.extend([
                 "--node-id".to_string(),
                 id.to_string(),
                 "--data-dir".into(),
@@ -138,14 +148,18 @@ impl Cluster {
                 format!("127.0.0.1:{}", grpc[i]),
                 "--advertise-addr".into(),
                 format!("127.0.0.1:{}", grpc[i]),
-            ];
+            ]);
             if !peers.is_empty() {
                 args.extend(["--peers".to_string(), peers.clone()]);
             }
             let log = dir.path().join(format!("node{id}.log"));
             nodes.push(Node { id, args, data_dir, log, proc: None });
         }
-        let name = format!("delayd {n} node{}", if n == 1 { "" } else { "s" });
+        let name = format!(
+            "delayd {n} node{}{}",
+            if n == 1 { "" } else { "s" },
+            if auth { " (auth)" } else { "" }
+        );
         let urls = http.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
         let grpc = grpc.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let mut cluster = Cluster {
@@ -161,6 +175,12 @@ impl Cluster {
             cluster.launch(i)?;
         }
         cluster.wait_leader(READY_TIMEOUT).await?;
+        if auth {
+            // A node writes the file before it serves anything, so it is there by now.
+            let text = std::fs::read_to_string(&token_file)
+                .with_context(|| format!("read the generated {}", token_file.display()))?;
+            cluster.token = Some(text.trim().to_string());
+        }
         Ok(cluster)
     }
 
@@ -181,6 +201,11 @@ impl Cluster {
     /// Whether the bench started these processes (so it can kill them and read `/proc`).
     pub fn is_local(&self) -> bool {
         !self.nodes.is_empty()
+    }
+
+    /// Process ids of the running nodes the bench started (none for a target).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().filter_map(|n| n.proc.as_ref()?.pid()).collect()
     }
 
     fn launch(&mut self, i: usize) -> Result<()> {
@@ -327,6 +352,12 @@ pub fn du_bytes(dir: &Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
+}
+
+/// The first file named `name` on `PATH`, if any.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// The delayd binary to start: `--bin` if given, else the release build next to this

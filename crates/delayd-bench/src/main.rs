@@ -1,11 +1,15 @@
-//! `delayd-bench`: delayd's benchmark suite, side by side with beanstalkd.
+//! `delayd-bench`: delayd's benchmark suite, side by side with beanstalkd and lmstfy's Redis
+//! data path.
 //!
 //! It starts its own delayd clusters (1 and/or 3 nodes, fresh temp data dirs, loopback ports)
 //! or targets given addresses, runs the workloads in [`workloads`] against each, optionally
 //! runs the same publish and drain workloads against beanstalkd processes it starts itself
-//! ([`beanstalk`]), and prints a table plus the ratios delayd / beanstalkd. Absolute figures
-//! on a shared 2-core machine move from run to run; ratios measured in the same run move much
-//! less, which is why the comparison is built in rather than taken from a table elsewhere.
+//! ([`beanstalk`]) and publish, drain, lifecycle and timer against lmstfy's Redis commands on
+//! a redis-server it starts ([`lmstfy`]), and prints a table plus the ratios delayd / peer.
+//! Absolute figures on a shared 2-core machine move from run to run; ratios measured in the
+//! same run move much less, which is why the comparison is built in rather than taken from a
+//! table elsewhere. Every row also carries the servers' CPU time per job and the bench's own
+//! CPU share (see [`stats::CpuMeter`]), so that a run starved by its own load generator shows.
 //!
 //! Exit status: 0 when every workload ran, 1 when the timer saw an early delivery (a
 //! correctness failure, whatever else happened), 2 when a workload failed, 130 on Ctrl-C.
@@ -13,10 +17,12 @@
 
 mod beanstalk;
 mod cluster;
+mod lmstfy;
 mod report;
 mod stats;
 mod workloads;
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -26,22 +32,30 @@ use clap::Parser;
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use crate::stats::{Row, Status};
+use crate::stats::{CpuMeter, Row, Status};
 use crate::workloads::{Ctx, Opts};
 
 /// Every workload, in the order they run. `failover` restarts the node it kills, and
 /// `storage` runs last because it leaves millions of jobs behind.
-const WORKLOADS: [&str; 9] = [
+const WORKLOADS: [&str; 11] = [
     "publish-http",
     "publish-bulk",
     "publish-grpc-stream",
     "drain",
+    "drain-ackfirst",
+    "drain-count10",
     "lifecycle",
     "timer",
     "publish-latency",
     "failover",
     "storage",
 ];
+
+/// The workloads run once per `--clients` level (the rest run at the largest level).
+const PER_LEVEL: [&str; 4] = ["publish-http", "drain", "drain-ackfirst", "drain-count10"];
+
+/// Workloads without a client count: open-loop publishing, and failover's fixed publishers.
+const NO_CLIENTS: [&str; 2] = ["publish-latency", "failover"];
 
 /// delayd's benchmark suite: starts its own cluster(s) (or targets given ones), runs the
 /// workloads, optionally beanstalkd side by side, and prints a table, JSON and a report.
@@ -56,9 +70,14 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     target: Vec<String>,
     /// With --target: the token every request shows (the admin token, or a token of the
-    /// bench's namespaces); the clusters the bench starts run with --dev and need none.
+    /// bench's namespaces); the clusters the bench starts run with --dev and need none
+    /// (unless --auth).
     #[arg(long, env = "DELAYD_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Start the clusters with authentication on (no --dev): the nodes generate a shared
+    /// admin token, and every request shows it.
+    #[arg(long)]
+    auth: bool,
     /// The namespace the workloads use (default: a fresh `bench<unix time>` per run, so runs
     /// against a target never mix); give it to measure with a namespace token.
     #[arg(long)]
@@ -69,9 +88,11 @@ struct Args {
     /// Workloads to run, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
     workloads: Vec<String>,
-    /// Concurrent clients (connections) per workload.
-    #[arg(long, default_value_t = 64)]
-    clients: usize,
+    /// Concurrent clients (connections) per workload: a list runs publish-http, the drains
+    /// and the peers' publish and drain once per level (e.g. `1,16,64`), and every other
+    /// workload at the largest.
+    #[arg(long, value_delimiter = ',', default_value = "64")]
+    clients: Vec<usize>,
     /// Stop each closed-loop publish workload after this many jobs (default: time only).
     #[arg(long)]
     jobs: Option<u64>,
@@ -115,6 +136,13 @@ struct Args {
     /// The beanstalkd binary (default: `beanstalkd` on PATH).
     #[arg(long)]
     beanstalkd_bin: Option<PathBuf>,
+    /// Also run publish, drain, lifecycle and timer against lmstfy's Redis data path (the
+    /// Redis commands lmstfy issues, on a redis-server with appendfsync always).
+    #[arg(long)]
+    lmstfy_redis: bool,
+    /// The redis-server binary (default: `redis-server` on PATH).
+    #[arg(long)]
+    redis_server_bin: Option<PathBuf>,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -131,7 +159,7 @@ impl Args {
     /// Shrinks everything for `--smoke`.
     fn apply_smoke(&mut self) {
         self.nodes = vec![1];
-        self.clients = self.clients.min(8);
+        self.clients = self.clients.iter().map(|c| (*c).min(8)).collect();
         self.jobs = None;
         self.secs = 1.0;
         self.drain_jobs = 256;
@@ -144,9 +172,21 @@ impl Args {
         self.storage_jobs = vec![1_024, 2_048];
     }
 
+    /// The client levels, ascending, without repeats; at least one.
+    fn levels(&self) -> Vec<usize> {
+        let mut levels: Vec<usize> = self.clients.iter().map(|c| (*c).max(1)).collect();
+        levels.sort_unstable();
+        levels.dedup();
+        if levels.is_empty() {
+            levels.push(64);
+        }
+        levels
+    }
+
+    /// The workload parameters, at the largest client level.
     fn opts(&self) -> Opts {
         Opts {
-            clients: self.clients.max(1),
+            clients: self.levels().last().copied().unwrap_or(64),
             jobs: self.jobs,
             secs: self.secs,
             publish_delay_ms: self.publish_delay_ms,
@@ -219,9 +259,10 @@ async fn run(args: Args) -> Result<ExitCode> {
     } else {
         vec![None]
     };
+    let levels = args.levels();
     for size in sizes {
         let started_cluster = match size {
-            Some(n) => Cluster::start(&bin, n).await,
+            Some(n) => Cluster::start(&bin, n, args.auth).await,
             None => Ok(Cluster::target(args.target.clone(), args.token.clone())),
         };
         let mut cluster = match started_cluster {
@@ -232,31 +273,40 @@ async fn run(args: Args) -> Result<ExitCode> {
                 continue;
             }
         };
-        let ctx = Ctx::new(&cluster, &opts, &ns)?;
+        // Built at the largest level, so its connection pool serves every level.
+        let base = Ctx::new(&cluster, &opts, &ns)?;
         for w in &selected {
-            let result = match *w {
-                "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
-                "publish-bulk" => workloads::publish(&ctx, true).await.map(|r| vec![r]),
-                "publish-grpc-stream" => {
-                    workloads::publish_grpc_stream(&ctx).await.map(|r| vec![r])
-                }
-                "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
-                "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
-                "timer" => workloads::timer(&ctx).await.map(|r| vec![r]),
-                "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),
-                "failover" => workloads::failover(&ctx, &mut cluster).await.map(|r| vec![r]),
-                "storage" => workloads::storage(&ctx, &mut cluster).await,
-                _ => Ok(Vec::new()),
-            };
-            match result {
-                Ok(rs) => rs.into_iter().for_each(|r| emit(&mut rows, r)),
-                Err(e) => emit(&mut rows, Row::failed(&cluster.name, w, &e)),
+            for c in levels_of(w, &levels) {
+                let ctx = base.with_clients(c);
+                ctx.cpu.start(&cluster.pids());
+                let result = match *w {
+                    "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
+                    "publish-bulk" => workloads::publish(&ctx, true).await.map(|r| vec![r]),
+                    "publish-grpc-stream" => {
+                        workloads::publish_grpc_stream(&ctx).await.map(|r| vec![r])
+                    }
+                    "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
+                    "drain-ackfirst" => workloads::drain_ackfirst(&ctx).await.map(|r| vec![r]),
+                    "drain-count10" => workloads::drain_count10(&ctx).await.map(|r| vec![r]),
+                    "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
+                    "timer" => workloads::timer(&ctx).await.map(|r| vec![r]),
+                    "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),
+                    "failover" => workloads::failover(&ctx, &mut cluster).await.map(|r| vec![r]),
+                    "storage" => workloads::storage(&ctx, &mut cluster).await,
+                    _ => Ok(Vec::new()),
+                };
+                // After a failover the restarted node has a new pid: it counts from its start.
+                let usage = ctx.cpu.finish(&cluster.pids());
+                emit_all(&mut rows, &cluster.name, w, c, result, usage);
             }
         }
     }
 
     if args.beanstalkd {
-        run_beanstalkd(&args, &opts, &selected, &mut rows).await;
+        run_beanstalkd(&args, &opts, &levels, &selected, &mut rows).await;
+    }
+    if args.lmstfy_redis {
+        run_lmstfy(&args, &opts, &levels, &selected, &mut rows).await;
     }
 
     let ratios = report::ratios(&rows);
@@ -270,6 +320,8 @@ async fn run(args: Args) -> Result<ExitCode> {
         "delayd_profile": profile,
         "started_unix_s": started,
         "smoke": args.smoke,
+        "client_levels": levels,
+        "auth": args.auth,
         "opts": format!("{opts:?}"),
     });
     if let Some(path) = &args.json {
@@ -298,16 +350,74 @@ async fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The client levels workload `w` runs at: each one, or only the largest.
+fn levels_of(w: &str, levels: &[usize]) -> Vec<usize> {
+    if PER_LEVEL.contains(&w) {
+        levels.to_vec()
+    } else {
+        levels.last().copied().into_iter().collect()
+    }
+}
+
+/// Fills in the client level and CPU figures of a workload's rows (or makes a failed row of
+/// its error) and emits them.
+fn emit_all(
+    rows: &mut Vec<Row>,
+    system: &str,
+    workload: &str,
+    clients: usize,
+    result: Result<Vec<Row>>,
+    usage: Option<stats::CpuUsage>,
+) {
+    let mut out = result.unwrap_or_else(|e| vec![Row::failed(system, workload, &e)]);
+    if let Some(u) = usage {
+        u.apply(&mut out);
+    }
+    for mut r in out {
+        if !NO_CLIENTS.contains(&workload) {
+            r.clients = Some(clients);
+        }
+        emit(rows, r);
+    }
+}
+
+/// Runs a peer's workload between two CPU readings of its server process `pid`.
+async fn measured<F>(
+    cpu: &CpuMeter,
+    pid: Option<u32>,
+    work: F,
+) -> (Result<Vec<Row>>, Option<stats::CpuUsage>)
+where
+    F: Future<Output = Result<Row>>,
+{
+    let pids: Vec<u32> = pid.into_iter().collect();
+    cpu.start(&pids);
+    let result = work.await.map(|r| vec![r]);
+    (result, cpu.finish(&pids))
+}
+
+/// A failed row for a peer whose server binary is missing.
+fn not_installed(system: &str, binary: &str, package: &str) -> Row {
+    let mut row = Row::new(system, "all", Status::Failed);
+    row.note = format!("{binary} not found on PATH (apt-get install -y {package})");
+    row
+}
+
 /// beanstalkd's publish and drain, in both durability modes, each on a fresh process.
-async fn run_beanstalkd(args: &Args, opts: &Opts, selected: &[&str], rows: &mut Vec<Row>) {
+async fn run_beanstalkd(
+    args: &Args,
+    opts: &Opts,
+    levels: &[usize],
+    selected: &[&str],
+    rows: &mut Vec<Row>,
+) {
     let Some(bin) = args.beanstalkd_bin.clone().or_else(beanstalk::find_binary) else {
-        let mut row = Row::new("beanstalkd", "all", Status::Failed);
-        row.note = "beanstalkd not found on PATH (apt-get install -y beanstalkd)".into();
-        emit(rows, row);
+        emit(rows, not_installed("beanstalkd", "beanstalkd", "beanstalkd"));
         return;
     };
     let publish = selected.iter().any(|w| w.starts_with("publish"));
-    let drain = selected.contains(&"drain");
+    let drain = selected.iter().any(|w| w.starts_with("drain"));
+    let cpu = CpuMeter::default();
     for mode in beanstalk::Mode::ALL {
         let server = match beanstalk::Server::start(&bin, mode).await {
             Ok(s) => s,
@@ -316,13 +426,63 @@ async fn run_beanstalkd(args: &Args, opts: &Opts, selected: &[&str], rows: &mut 
                 continue;
             }
         };
-        if publish {
-            let r = beanstalk::publish(&server, opts).await;
-            emit(rows, r.unwrap_or_else(|e| Row::failed(mode.label(), "publish", &e)));
+        let pid = server.pid();
+        for &c in levels.iter().filter(|_| publish) {
+            let opts = Opts { clients: c, ..opts.clone() };
+            let (result, usage) = measured(&cpu, pid, beanstalk::publish(&server, &opts)).await;
+            emit_all(rows, mode.label(), "publish", c, result, usage);
         }
-        if drain {
-            let r = beanstalk::drain(&server, opts).await;
-            emit(rows, r.unwrap_or_else(|e| Row::failed(mode.label(), "drain", &e)));
+        for &c in levels.iter().filter(|_| drain) {
+            let opts = Opts { clients: c, ..opts.clone() };
+            let (result, usage) = measured(&cpu, pid, beanstalk::drain(&server, &opts, &cpu)).await;
+            emit_all(rows, mode.label(), "drain", c, result, usage);
+        }
+    }
+}
+
+/// lmstfy's Redis data path: publish and drain at every client level, lifecycle and timer at
+/// the largest, all on one redis-server.
+async fn run_lmstfy(
+    args: &Args,
+    opts: &Opts,
+    levels: &[usize],
+    selected: &[&str],
+    rows: &mut Vec<Row>,
+) {
+    let system = lmstfy::SYSTEM;
+    let Some(bin) = args.redis_server_bin.clone().or_else(lmstfy::find_binary) else {
+        emit(rows, not_installed(system, "redis-server", "redis-server"));
+        return;
+    };
+    let server = match lmstfy::Server::start(&bin).await {
+        Ok(s) => s,
+        Err(e) => {
+            emit(rows, Row::failed(system, "start", &e));
+            return;
+        }
+    };
+    let cpu = CpuMeter::default();
+    let runs = [
+        ("publish", selected.iter().any(|w| w.starts_with("publish"))),
+        ("drain", selected.iter().any(|w| w.starts_with("drain"))),
+        ("lifecycle", selected.contains(&"lifecycle")),
+        ("timer", selected.contains(&"timer")),
+    ];
+    for (w, on) in runs {
+        let at: Vec<usize> = match w {
+            "publish" | "drain" => levels.to_vec(),
+            _ => levels.last().copied().into_iter().collect(),
+        };
+        for &c in at.iter().filter(|_| on) {
+            let opts = Opts { clients: c, ..opts.clone() };
+            let pid = server.pid();
+            let (result, usage) = match w {
+                "publish" => measured(&cpu, pid, lmstfy::publish(&server, &opts)).await,
+                "drain" => measured(&cpu, pid, lmstfy::drain(&server, &opts, &cpu)).await,
+                "lifecycle" => measured(&cpu, pid, lmstfy::lifecycle(&server, &opts)).await,
+                _ => measured(&cpu, pid, lmstfy::timer(&server, &opts)).await,
+            };
+            emit_all(rows, system, w, c, result, usage);
         }
     }
 }

@@ -1,4 +1,5 @@
-//! Rendering: the stdout table, the ratios delayd / beanstalkd, the JSON file, and the
+//! Rendering: the stdout table, the ratios delayd / peer (beanstalkd, lmstfy-redis), the JSON
+//! file, and the
 //! markdown report with hand-written SVG charts (no scripts, no external resources, so the
 //! report renders the same on GitHub, in a browser or offline).
 
@@ -11,43 +12,54 @@ use serde_json::Value;
 
 use crate::stats::{Row, Status};
 
-/// Which delayd workload is compared with which beanstalkd workload.
-const PAIRS: [(&str, &str); 4] = [
+/// Which delayd workload is compared with which workload of a peer (when the peer ran it).
+const PAIRS: [(&str, &str); 7] = [
     ("publish-http", "publish"),
     ("publish-bulk", "publish"),
     ("publish-grpc-stream", "publish"),
     ("drain", "drain"),
+    ("drain-ackfirst", "drain"),
+    ("drain-count10", "drain"),
+    ("lifecycle", "lifecycle"),
 ];
 
-/// delayd's rate over beanstalkd's, for one workload pair, measured in the same run.
+/// The systems delayd is compared with, by the start of their labels.
+const PEERS: [&str; 2] = ["beanstalkd", "lmstfy-redis"];
+
+/// delayd's rate over a peer's, for one workload pair at one client count, measured in the
+/// same run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
     /// The delayd system, e.g. `delayd 3 nodes`.
     pub delayd: String,
     /// The delayd workload.
     pub delayd_workload: String,
-    /// The beanstalkd mode.
-    pub beanstalkd: String,
-    /// The beanstalkd workload it is compared with.
-    pub beanstalkd_workload: String,
-    /// delayd jobs/s ÷ beanstalkd jobs/s.
+    /// The peer system, e.g. a beanstalkd mode or `lmstfy-redis …`.
+    pub peer: String,
+    /// The peer's workload it is compared with.
+    pub peer_workload: String,
+    /// Concurrent clients on both sides (rows are compared only at equal counts).
+    pub clients: Option<usize>,
+    /// delayd jobs/s ÷ peer jobs/s.
     pub ratio: f64,
 }
 
 /// Every ratio the rows allow.
 pub fn ratios(rows: &[Row]) -> Vec<Ratio> {
     let ok = |r: &&Row| r.status == Status::Ok && r.jobs_per_s.is_some_and(|v| v > 0.0);
+    let is_peer = |r: &&Row| PEERS.iter().any(|p| r.system.starts_with(p));
     let mut out = Vec::new();
     for d in rows.iter().filter(ok).filter(|r| r.system.starts_with("delayd")) {
-        for (dw, bw) in PAIRS.iter().filter(|(dw, _)| *dw == d.workload) {
-            for b in rows.iter().filter(ok).filter(|r| r.system.starts_with("beanstalkd")) {
-                if b.workload == *bw {
-                    if let (Some(x), Some(y)) = (d.jobs_per_s, b.jobs_per_s) {
+        for (dw, pw) in PAIRS.iter().filter(|(dw, _)| *dw == d.workload) {
+            for p in rows.iter().filter(ok).filter(is_peer) {
+                if p.workload == *pw && p.clients == d.clients {
+                    if let (Some(x), Some(y)) = (d.jobs_per_s, p.jobs_per_s) {
                         out.push(Ratio {
                             delayd: d.system.clone(),
                             delayd_workload: dw.to_string(),
-                            beanstalkd: b.system.clone(),
-                            beanstalkd_workload: bw.to_string(),
+                            peer: p.system.clone(),
+                            peer_workload: pw.to_string(),
+                            clients: d.clients,
                             ratio: x / y,
                         });
                     }
@@ -62,6 +74,18 @@ fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.prec$}"))
 }
 
+fn clients(c: Option<usize>) -> String {
+    c.map_or("-".to_string(), |c| c.to_string())
+}
+
+/// A row's workload with its client count, for charts where one workload runs at several.
+fn workload_label(r: &Row) -> String {
+    match r.clients {
+        Some(c) => format!("{} c={c}", r.workload),
+        None => r.workload.clone(),
+    }
+}
+
 fn status(r: &Row) -> &'static str {
     match r.status {
         Status::Ok => "ok",
@@ -71,18 +95,22 @@ fn status(r: &Row) -> &'static str {
     }
 }
 
-/// The results table as plain text (also used for one row at a time while running).
+/// The results table as plain text (also used for one row at a time while running). `srv
+/// µs/job` is the servers' CPU per job, `gen %` the bench's own CPU in percent of one core.
 pub fn table_header() -> String {
     format!(
-        "{:<36} {:<20} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>6} {:>5}  {}",
+        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>6} {:>6} {:>5}  {}",
         "system",
         "workload",
+        "c",
         "status",
         "jobs/s",
         "p50 ms",
         "p99 ms",
         "p99.9 ms",
         "max ms",
+        "srv µs/job",
+        "gen %",
         "errors",
         "early",
         "note"
@@ -93,15 +121,18 @@ pub fn table_header() -> String {
 pub fn table_row(r: &Row) -> String {
     let l = r.latency_ms;
     format!(
-        "{:<36} {:<20} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>6} {:>5}  {}",
+        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>6} {:>6} {:>5}  {}",
         r.system,
         r.workload,
+        clients(r.clients),
         status(r),
         opt(r.jobs_per_s, 0),
         opt(l.map(|l| l.p50), 2),
         opt(l.map(|l| l.p99), 2),
         opt(l.map(|l| l.p999), 2),
         opt(l.map(|l| l.max), 2),
+        opt(r.server_cpu_us_per_job, 0),
+        opt(r.loadgen_cpu_pct, 0),
         r.errors,
         r.early.map_or("-".to_string(), |e| e.to_string()),
         r.note
@@ -111,14 +142,19 @@ pub fn table_row(r: &Row) -> String {
 /// The ratio table as plain text.
 pub fn ratio_table(ratios: &[Ratio]) -> String {
     let mut s = format!(
-        "{:<16} {:<20} {:<36} {:<10} {:>8}\n",
-        "delayd", "workload", "vs beanstalkd", "workload", "ratio"
+        "{:<23} {:<20} {:>3} {:<36} {:<10} {:>8}\n",
+        "delayd", "workload", "c", "vs", "workload", "ratio"
     );
     for r in ratios {
         let _ = writeln!(
             s,
-            "{:<16} {:<20} {:<36} {:<10} {:>7.2}x",
-            r.delayd, r.delayd_workload, r.beanstalkd, r.beanstalkd_workload, r.ratio
+            "{:<23} {:<20} {:>3} {:<36} {:<10} {:>7.2}x",
+            r.delayd,
+            r.delayd_workload,
+            clients(r.clients),
+            r.peer,
+            r.peer_workload,
+            r.ratio
         );
     }
     s
@@ -146,16 +182,25 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     );
     md.push_str("## Results\n\n");
     md.push_str(
-        "| system | workload | status | jobs/s | latency of | p50 ms | p99 ms | p99.9 ms | max ms \
-         | errors | early | note |\n|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n",
+        "`c` is the number of concurrent clients; `server CPU µs/job` the CPU time (user + \
+         system) of every server process of the system over the measured part of the workload, \
+         per job; `load-gen CPU %` the bench process's own CPU time over the same span, in \
+         percent of one core (on a shared 2-core machine the load generator competes with the \
+         server for the same cores).\n\n",
+    );
+    md.push_str(
+        "| system | workload | c | status | jobs/s | latency of | p50 ms | p99 ms | p99.9 ms \
+         | max ms | server CPU µs/job | load-gen CPU % | errors | early | note |\n\
+         |---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         let l = r.latency_ms;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.system,
             r.workload,
+            clients(r.clients),
             status(r),
             opt(r.jobs_per_s, 0),
             r.latency_of,
@@ -163,21 +208,28 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
             opt(l.map(|l| l.p99), 2),
             opt(l.map(|l| l.p999), 2),
             opt(l.map(|l| l.max), 2),
+            opt(r.server_cpu_us_per_job, 0),
+            opt(r.loadgen_cpu_pct, 0),
             r.errors,
             r.early.map_or("-".to_string(), |e| e.to_string()),
             r.note.replace('|', "\\|")
         );
     }
     if !ratios.is_empty() {
-        md.push_str("\n## delayd ÷ beanstalkd (same run)\n\n");
+        md.push_str("\n## delayd ÷ peers (same run, same client count)\n\n");
         md.push_str(
-            "| delayd | workload | beanstalkd | workload | ratio |\n|---|---|---|---|---:|\n",
+            "| delayd | workload | c | peer | workload | ratio |\n|---|---|---:|---|---|---:|\n",
         );
         for r in ratios {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {:.2}× |",
-                r.delayd, r.delayd_workload, r.beanstalkd, r.beanstalkd_workload, r.ratio
+                "| {} | {} | {} | {} | {} | {:.2}× |",
+                r.delayd,
+                r.delayd_workload,
+                clients(r.clients),
+                r.peer,
+                r.peer_workload,
+                r.ratio
             );
         }
     }
@@ -204,13 +256,17 @@ const WORKLOADS_MD: &str = "## Workloads\n\n\
 - **publish-http**: C closed-loop clients, one `PUT /api/{ns}/{q}?delay_ms=…` of 100 bytes each, spread over all nodes.\n\
 - **publish-bulk**: the same with `PUT …/bulk`, 64 jobs of 100 bytes per request (jobs/s counts jobs).\n\
 - **publish-grpc-stream**: gRPC `PublishStream` through `delayd-client`.\n\
-- **drain**: N ready jobs preloaded, then C consumers `GET ?ttr=30&timeout=1` + `DELETE …/job/{id}?lease=…`; jobs/s until the last ack.\n\
+- **drain**: N ready jobs preloaded, then C consumers `GET ?ttr=30&timeout=1` + `DELETE …/job/{id}?lease=…`; jobs/s until the last ack. The preload is left out of the CPU figures.\n\
+- **drain-ackfirst**: the same, but each consumer acks its previous job on its next reserve, `GET ?ttr=30&timeout=0&ack={id}&ack_lease={lease}` (one request per job; the answer's `acked` says the ack took); the jobs still held once all are taken are acked with a plain `DELETE`.\n\
+- **drain-count10**: the same with `GET ?ttr=30&timeout=1&count=10` (an array of up to 10 jobs), then a `DELETE` for each; latency per round.\n\
 - **lifecycle**: C/2 producers (delay 0) and C/2 consumers together for T s; acked jobs/s; latency is delivery − due.\n\
 - **timer**: R jobs/s coming due over S s, each published a lead time ahead; C consumers long-poll; lateness = delivery wall time − server `due_at_ms`; early deliveries must be 0.\n\
 - **publish-latency**: open-loop single publishes at a fixed offered rate; latency from each request's intended send time.\n\
 - **storage N**: bulk-published jobs delayed by 1 day up to N stored; RSS (`VmRSS`) and disk (`du`) per node.\n\
 - **failover**: light publish load over all nodes, `kill -9` of the leader, time to the first successful publish sent after the kill.\n\
-- **beanstalkd publish / drain**: `put` one job at a time / `reserve-with-timeout 1` + `delete`, C connections, same bodies.\n";
+- **beanstalkd publish / drain**: `put` one job at a time / `reserve-with-timeout 1` + `delete`, C connections, same bodies.\n\
+- **lmstfy-redis publish / drain / lifecycle / timer**: the Redis commands lmstfy's Redis engine issues, with its round trips, against a `redis-server` with `appendfsync always` started by the bench: publish `SET j/… EX ttl NX` + `LPUSH` (delay 0) or `ZADD` on the timer (now + delay, whole seconds); reserve `BRPOP` + `ZADD` (back on the timer at now + ttr, one try fewer) + `GET`/`TTL` pipelined; ack `DEL`; a pump runs a Lua script once a second moving due timer members (100 at a time) to the ready list or the dead letters. No HTTP layer: an upper bound for lmstfy. Its timer lateness is measured from the whole-second score lmstfy stores.\n\
+- **CPU**: `/proc/<pid>/stat` utime + stime of every server process the bench started (all delayd nodes, beanstalkd, redis-server) before and after each workload, per job completed; none for `--target`.\n";
 
 /// Escapes text for SVG.
 fn esc(s: &str) -> String {
@@ -285,7 +341,7 @@ fn throughput_svg(rows: &[Row]) -> String {
              <text x=\"{:.1}\" y=\"{}\">{v:.0}</text>",
             label_w - 6.0,
             y + 12.0,
-            esc(&r.workload),
+            esc(&workload_label(r)),
             y + 2.0,
             row_h - 4.0,
             color_of(&systems, &r.system),
@@ -332,7 +388,7 @@ fn latency_svg(rows: &[Row]) -> String {
             "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{} ({})</text>",
             label_w - 6.0,
             y + 20.0,
-            esc(&r.workload),
+            esc(&workload_label(r)),
             esc(r.latency_of)
         );
         for (j, (name, v)) in [("p50", l.p50), ("p99", l.p99), ("p99.9", l.p999)].iter().enumerate()
@@ -417,20 +473,24 @@ fn lateness_svg(rows: &[Row]) -> String {
     svg
 }
 
-/// Horizontal bars of delayd ÷ beanstalkd, with the 1× line.
+/// Horizontal bars of delayd ÷ peer, with the 1× line.
 fn ratios_svg(ratios: &[Ratio]) -> String {
-    let (label_w, bar_w, row_h) = (470.0, 300.0, 18.0);
+    let (label_w, bar_w, row_h) = (560.0, 300.0, 18.0);
     let max = ratios.iter().map(|r| r.ratio).fold(1.0, f64::max) * 1.1;
     let top = 40.0;
     let h = top + ratios.len() as f64 * row_h + 20.0;
-    let mut svg = svg_open(label_w + bar_w + 80.0, h, "delayd ÷ beanstalkd, jobs/s, same run");
+    let mut svg = svg_open(label_w + bar_w + 80.0, h, "delayd ÷ peers, jobs/s, same run");
     for (i, r) in ratios.iter().enumerate() {
         let y = top + i as f64 * row_h;
         let w = r.ratio / max * bar_w;
         let fill = if r.ratio >= 1.0 { "#59a14f" } else { "#e15759" };
         let label = format!(
-            "{} {} vs {} {}",
-            r.delayd, r.delayd_workload, r.beanstalkd, r.beanstalkd_workload
+            "{} {} c={} vs {} {}",
+            r.delayd,
+            r.delayd_workload,
+            clients(r.clients),
+            r.peer,
+            r.peer_workload
         );
         let _ = writeln!(
             svg,

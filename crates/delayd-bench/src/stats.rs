@@ -1,10 +1,11 @@
 //! What a workload measures and how it is summarised: nearest-rank percentiles over sorted
 //! samples (no histogram crate: a run keeps at most a few million `f64`s), the per-worker tally
-//! that workers merge at the end, the shared job budget, and the result row that the table,
-//! the JSON file and the report are all rendered from.
+//! that workers merge at the end, the shared job budget, the CPU time spent by the servers and
+//! by the bench itself, and the result row that the table, the JSON file and the report are
+//! all rendered from.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -167,6 +168,20 @@ pub struct Row {
     pub early: Option<u64>,
     /// A short human note (why it failed, or a headline figure that is not a rate).
     pub note: String,
+    /// Concurrent clients (connections) the workload ran with; `None` where it has no such
+    /// knob (open-loop publishing, failover's fixed publishers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clients: Option<usize>,
+    /// CPU time (user + system) of every server process of the system under test over the
+    /// measured part of the workload, in µs per job of `jobs`; `None` when the processes are
+    /// not the bench's own (`--target`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_us_per_job: Option<f64>,
+    /// CPU time of the bench process itself (the load generator, and lmstfy's pump for
+    /// `lmstfy-redis`) over the same span, in percent of one core: on a 2-core machine 200 is
+    /// everything, so a high figure says the server was starved by its own load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loadgen_cpu_pct: Option<f64>,
     /// Workload-specific figures (RSS per node, lateness histogram, ...).
     pub extra: Map<String, Value>,
 }
@@ -186,6 +201,9 @@ impl Row {
             errors: 0,
             early: None,
             note: String::new(),
+            clients: None,
+            server_cpu_us_per_job: None,
+            loadgen_cpu_pct: None,
             extra: Map::new(),
         }
     }
@@ -228,6 +246,119 @@ impl Row {
     }
 }
 
+/// Clock ticks per second of `/proc/<pid>/stat`'s CPU times: `getconf CLK_TCK`, read once;
+/// 100 (what Linux reports everywhere in practice) if that cannot be run.
+fn clock_ticks_per_s() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
+            .filter(|t| *t > 0.0)
+            .unwrap_or(100.0)
+    })
+}
+
+/// CPU time (user + system, all threads) that process `pid` (or `self`) has used so far, in
+/// clock ticks, from `/proc/<pid>/stat`.
+pub fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count fields after
+    // its closing parenthesis, where field 3 (state) is the first.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
+    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Where a CPU measurement began.
+struct CpuMark {
+    at: Instant,
+    server: Vec<(u32, u64)>,
+    own: u64,
+}
+
+/// CPU time of the server processes and of the bench over one workload: [`CpuMeter::start`]
+/// before it, [`CpuMeter::restart`] by workloads with a setup phase (a preload) that should
+/// not count, [`CpuMeter::finish`] after it. Shared by reference between the runner and the
+/// workload, hence the lock.
+#[derive(Default)]
+pub struct CpuMeter {
+    mark: Mutex<Option<CpuMark>>,
+}
+
+/// What a [`CpuMeter`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuUsage {
+    /// Seconds of CPU used by the server processes; `None` when there were none to read.
+    pub server_s: Option<f64>,
+    /// Seconds of CPU used by the bench process.
+    pub own_s: f64,
+    /// Wall-clock seconds measured.
+    pub wall_s: f64,
+}
+
+impl CpuMeter {
+    /// Begins a measurement of the server processes `pids` (empty when they are not local).
+    pub fn start(&self, pids: &[u32]) {
+        let server = pids.iter().filter_map(|p| Some((*p, cpu_ticks(&p.to_string())?))).collect();
+        let mark = CpuMark { at: Instant::now(), server, own: cpu_ticks("self").unwrap_or(0) };
+        if let Ok(mut m) = self.mark.lock() {
+            *m = Some(mark);
+        }
+    }
+
+    /// Begins again from now with the same processes: called after a workload's setup, so
+    /// that the CPU the preload took is not charged to the jobs measured after it.
+    pub fn restart(&self) {
+        let pids: Vec<u32> = self
+            .mark
+            .lock()
+            .ok()
+            .and_then(|m| m.as_ref().map(|m| m.server.iter().map(|(p, _)| *p).collect()))
+            .unwrap_or_default();
+        self.start(&pids);
+    }
+
+    /// Ends the measurement; `pids` are the server processes now. A process started since
+    /// the mark (a restarted node) counts whole; one that died since (a killed node) is lost,
+    /// so a workload that kills processes is undercounted.
+    pub fn finish(&self, pids: &[u32]) -> Option<CpuUsage> {
+        let mark = self.mark.lock().ok()?.take()?;
+        let tick = clock_ticks_per_s();
+        let mut server = 0u64;
+        for p in pids {
+            let Some(now) = cpu_ticks(&p.to_string()) else { continue };
+            let before = mark.server.iter().find(|(q, _)| q == p).map_or(0, |(_, t)| *t);
+            server += now.saturating_sub(before);
+        }
+        let own = cpu_ticks("self").unwrap_or(0).saturating_sub(mark.own);
+        Some(CpuUsage {
+            server_s: (!pids.is_empty()).then(|| server as f64 / tick),
+            own_s: own as f64 / tick,
+            wall_s: mark.at.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+impl CpuUsage {
+    /// Fills the CPU fields of `rows`, which together completed the measured jobs: the server
+    /// figure is per job over all of them (storage reports several rows for one run).
+    /// Rows that did not run (skipped, unavailable) get nothing.
+    pub fn apply(&self, rows: &mut [Row]) {
+        let ran = |r: &&mut Row| matches!(r.status, Status::Ok | Status::Failed);
+        let jobs: u64 = rows.iter_mut().filter(ran).map(|r| r.jobs).sum();
+        let per_job = self.server_s.filter(|_| jobs > 0).map(|s| s * 1e6 / jobs as f64);
+        let pct = (self.wall_s > 0.0).then(|| self.own_s / self.wall_s * 100.0);
+        for r in rows.iter_mut().filter(ran) {
+            r.server_cpu_us_per_job = per_job;
+            r.loadgen_cpu_pct = pct;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +372,31 @@ mod tests {
         assert_eq!(nearest_rank(&[7.0], 0.999), 7.0);
         assert_eq!(nearest_rank(&[1.0, 2.0], 0.5), 1.0);
         assert!(Percentiles::of(&mut []).is_none());
+    }
+
+    #[test]
+    fn cpu_of_this_process_is_read_and_charged_per_job() {
+        assert!(cpu_ticks("self").is_some());
+        let meter = CpuMeter::default();
+        meter.start(&[std::process::id()]);
+        // Burn a little CPU so the figures are not all zero at 100 ticks per second.
+        let t0 = Instant::now();
+        let mut x = 0u64;
+        while t0.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        assert_ne!(x, 1);
+        let usage = meter.finish(&[std::process::id()]).expect("started");
+        let mut rows = vec![Row::new("s", "w", Status::Ok)];
+        rows[0].jobs = 10;
+        usage.apply(&mut rows);
+        assert!(rows[0].server_cpu_us_per_job.is_some_and(|v| v >= 0.0));
+        assert!(rows[0].loadgen_cpu_pct.is_some());
+        // Not local: no server figure, the bench's own still.
+        let meter = CpuMeter::default();
+        meter.start(&[]);
+        let usage = meter.finish(&[]).expect("started");
+        assert!(usage.server_s.is_none());
     }
 
     #[test]

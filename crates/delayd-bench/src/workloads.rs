@@ -18,7 +18,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
-use crate::stats::{join_all, ms_since, wall_ms, Budget, Percentiles, Row, Status, Tally};
+use crate::stats::{
+    join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Status, Tally,
+};
 
 /// Bodies are this many bytes, as in the peer table.
 pub const BODY_BYTES: usize = 100;
@@ -28,6 +30,8 @@ pub const BULK_JOBS: usize = 64;
 const POLL_S: u64 = 1;
 /// Consecutive empty long polls after which a drain consumer gives up.
 const MAX_EMPTY_POLLS: u32 = 5;
+/// Jobs per reserve in `drain-count10`.
+const RESERVE_COUNT: usize = 10;
 
 /// Workload parameters (see the CLI for their meaning and defaults).
 #[derive(Debug, Clone)]
@@ -62,6 +66,7 @@ pub struct Opts {
 }
 
 /// What the workloads of one system share.
+#[derive(Clone)]
 pub struct Ctx {
     /// HTTP client (one connection pool for all workers).
     pub http: reqwest::Client,
@@ -77,6 +82,8 @@ pub struct Ctx {
     pub ns: String,
     /// Parameters.
     pub opts: Opts,
+    /// The CPU time of the cluster's processes and of the bench over the running workload.
+    pub cpu: Arc<CpuMeter>,
 }
 
 impl Ctx {
@@ -102,7 +109,16 @@ impl Ctx {
             token: cluster.token.clone(),
             ns: ns.to_string(),
             opts: opts.clone(),
+            cpu: Arc::new(CpuMeter::default()),
         })
+    }
+
+    /// The same context with `clients` concurrent clients (the HTTP pool is shared: build
+    /// the context with the largest level, so its idle pool is big enough for all).
+    pub fn with_clients(&self, clients: usize) -> Ctx {
+        let mut ctx = self.clone();
+        ctx.opts.clients = clients.max(1);
+        ctx
     }
 
     /// The queue URL of `queue` on the node client `i` talks to.
@@ -291,16 +307,25 @@ async fn preload(ctx: &Ctx, queue: &str, n: u64) -> Result<()> {
     }
 }
 
-/// `drain`: preload ready jobs, then C consumers reserve + ack until all are gone.
+/// Preloads a drain's ready jobs into a queue of its own (per workload and client level, so
+/// one level's leftovers never reach the next), leaves the preload's CPU out of the
+/// measurement, and returns the queue and how many jobs there are.
+async fn drain_setup(ctx: &Ctx, workload: &str) -> Result<(String, u64)> {
+    let queue = format!("{workload}-c{}", ctx.opts.clients);
+    preload(ctx, &queue, ctx.opts.drain_jobs).await?;
+    ctx.cpu.restart();
+    Ok((queue, ctx.opts.drain_jobs.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64))
+}
+
+/// `drain`: preload ready jobs, then C consumers reserve + ack (two requests per job) until
+/// all are gone.
 pub async fn drain(ctx: &Ctx) -> Result<Row> {
-    let queue = "drain";
-    preload(ctx, queue, ctx.opts.drain_jobs).await?;
-    let total = ctx.opts.drain_jobs.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64;
+    let (queue, total) = drain_setup(ctx, "drain").await?;
     let acked = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..ctx.opts.clients {
-        let (http, qurl, acked) = (ctx.http.clone(), ctx.queue_url(i, queue), acked.clone());
+        let (http, qurl, acked) = (ctx.http.clone(), ctx.queue_url(i, &queue), acked.clone());
         tasks.push(tokio::spawn(async move {
             let mut d = Drainer::new(acked, total, start);
             while d.more() {
@@ -318,7 +343,161 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
             d.finish()
         }));
     }
-    drain_row(&ctx.system, tasks, total).await
+    drain_row(&ctx.system, "drain", "reserve+ack", tasks, total).await
+}
+
+/// A reserve that first acks the previous job (delayd's `ack=` extension): whether that ack
+/// took, and the next job if one was ready.
+async fn reserve_acking(
+    http: &reqwest::Client,
+    qurl: &str,
+    prev: &(String, String),
+) -> Result<(bool, Option<(String, String)>)> {
+    // No long poll: when the queue has just run dry, the answer, and with it the news that
+    // the ack took, would come back only when the poll ran out, and the drain's end (its
+    // last ack) would be counted up to a second late. A drain's queue is full until its end.
+    let url = format!("{qurl}?ttr=30&timeout=0&ack={}&ack_lease={}", prev.0, prev.1);
+    let resp = http.get(url).send().await?;
+    let status = resp.status();
+    let v: Value = resp.json().await?;
+    if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
+        bail!("reserve with ack: HTTP {status}: {v}");
+    }
+    let acked = v["acked"].as_bool().context("reserve with ack= answered without `acked`")?;
+    if status == StatusCode::NOT_FOUND {
+        return Ok((acked, None));
+    }
+    let id = v["job_id"].as_str().context("reserve answer without job_id")?.to_string();
+    let lease = v["lease"].as_str().context("reserve answer without lease")?.to_string();
+    Ok((acked, Some((id, lease))))
+}
+
+/// `drain-ackfirst`: as `drain`, but each consumer acks its previous job on its next reserve
+/// (`?ack={job_id}&ack_lease={lease}`), one request per job; a job counts once the answer
+/// says `"acked": true`. Once every job has been taken there is nothing left to reserve, and
+/// the jobs still held are acked with a plain ack.
+pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
+    let workload = "drain-ackfirst";
+    let (queue, total) = drain_setup(ctx, workload).await?;
+    let acked = Arc::new(AtomicU64::new(0));
+    let taken = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..ctx.opts.clients {
+        let (http, qurl) = (ctx.http.clone(), ctx.queue_url(i, &queue));
+        let (acked, taken) = (acked.clone(), taken.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut d = Drainer::new(acked, total, start);
+            let mut held: Option<(String, String)> = None;
+            while d.more() {
+                let t0 = Instant::now();
+                let Some(prev) = held.take() else {
+                    // Nothing to ack yet: a plain reserve, not a sample (no job is done by it).
+                    match reserve(&http, &qurl).await {
+                        Ok(Some((id, lease, _))) => {
+                            taken.fetch_add(1, Ordering::Relaxed);
+                            held = Some((id, lease));
+                        }
+                        nothing_or_error => {
+                            d.record(t0, nothing_or_error.map(|_| false));
+                        }
+                    }
+                    continue;
+                };
+                if taken.load(Ordering::Relaxed) >= total {
+                    d.record(t0, ack(&http, &qurl, &prev.0, &prev.1).await.map(|()| true));
+                    continue;
+                }
+                // On an error the held job is lost to this run: it comes back only after its
+                // ttr, and the row reports it as not drained.
+                let r = reserve_acking(&http, &qurl, &prev).await.and_then(|(ok, next)| {
+                    if next.is_some() {
+                        taken.fetch_add(1, Ordering::Relaxed);
+                    }
+                    held = next;
+                    if ok {
+                        Ok(true)
+                    } else {
+                        bail!("the ack of job {} on the next reserve did not take", prev.0)
+                    }
+                });
+                d.record(t0, r);
+            }
+            d.finish()
+        }));
+    }
+    drain_row(&ctx.system, workload, "ack+reserve (1 request)", tasks, total).await
+}
+
+/// A reserve of up to `count` jobs: their `(job_id, lease)`s, none when the long poll ran
+/// out.
+async fn reserve_many(
+    http: &reqwest::Client,
+    qurl: &str,
+    count: usize,
+) -> Result<Vec<(String, String)>> {
+    let resp = http.get(format!("{qurl}?ttr=30&timeout={POLL_S}&count={count}")).send().await?;
+    let status = resp.status();
+    if status == StatusCode::NOT_FOUND {
+        return Ok(Vec::new());
+    }
+    let v: Value = resp.json().await?;
+    if status != StatusCode::OK {
+        bail!("reserve count={count}: HTTP {status}: {v}");
+    }
+    let jobs = v.as_array().context("reserve with count > 1 answered without an array")?;
+    jobs.iter()
+        .map(|j| {
+            let id = j["job_id"].as_str().context("job without job_id")?;
+            let lease = j["lease"].as_str().context("job without lease")?;
+            Ok((id.to_string(), lease.to_string()))
+        })
+        .collect()
+}
+
+/// `drain-count10`: as `drain`, but each reserve asks for up to [`RESERVE_COUNT`] jobs
+/// (`count=10`, answered with an array), and the consumer then acks each of them one by one.
+/// The latency is that of a whole round: the reserve and its acks.
+pub async fn drain_count10(ctx: &Ctx) -> Result<Row> {
+    let workload = "drain-count10";
+    let (queue, total) = drain_setup(ctx, workload).await?;
+    let acked = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..ctx.opts.clients {
+        let (http, qurl, acked) = (ctx.http.clone(), ctx.queue_url(i, &queue), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut d = Drainer::new(acked, total, start);
+            while d.more() {
+                let t0 = Instant::now();
+                let jobs = match reserve_many(&http, &qurl, RESERVE_COUNT).await {
+                    Ok(jobs) => jobs,
+                    Err(e) => {
+                        d.record(t0, Err(e));
+                        continue;
+                    }
+                };
+                // Acks that went through count even when a later one of the round fails.
+                let mut n = 0;
+                let mut failed = None;
+                for (id, lease) in &jobs {
+                    match ack(&http, &qurl, id, lease).await {
+                        Ok(()) => n += 1,
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                if n > 0 || failed.is_none() {
+                    d.record_acked(t0, Ok(n));
+                }
+                if let Some(e) = failed {
+                    d.record(t0, Err(e));
+                }
+            }
+            d.finish()
+        }));
+    }
+    let latency_of = "reserve of ≤10 + their acks";
+    drain_row(&ctx.system, workload, latency_of, tasks, total).await
 }
 
 /// One drain consumer's bookkeeping, the same for every system: how long each reserve + ack
@@ -348,15 +527,21 @@ impl Drainer {
     /// Records one attempt begun at `t0`: `Ok(true)` a job taken and acked, `Ok(false)`
     /// nothing ready. Returns false for an error.
     pub fn record(&mut self, t0: Instant, attempt: Result<bool>) -> bool {
+        self.record_acked(t0, attempt.map(u64::from))
+    }
+
+    /// Records one attempt begun at `t0` that acked `n` jobs (`Ok(0)`: nothing was ready):
+    /// one latency sample for the attempt, whatever `n`. Returns false for an error.
+    pub fn record_acked(&mut self, t0: Instant, attempt: Result<u64>) -> bool {
         match attempt {
-            Ok(true) => {
+            Ok(0) => self.empty += 1,
+            Ok(n) => {
                 self.empty = 0;
                 self.tally.samples_ms.push(ms_since(t0));
-                self.tally.jobs += 1;
-                self.acked.fetch_add(1, Ordering::Relaxed);
+                self.tally.jobs += n;
+                self.acked.fetch_add(n, Ordering::Relaxed);
                 self.last_ack = self.start.elapsed().as_secs_f64();
             }
-            Ok(false) => self.empty += 1,
             Err(e) => {
                 self.tally.error(e);
                 return false;
@@ -376,6 +561,8 @@ impl Drainer {
 /// left undrained fails it.
 pub async fn drain_row(
     system: &str,
+    workload: &str,
+    latency_of: &'static str,
     tasks: Vec<tokio::task::JoinHandle<(Tally, f64)>>,
     total: u64,
 ) -> Result<Row> {
@@ -387,7 +574,7 @@ pub async fn drain_row(
         all.merge(t);
     }
     let missing = total.saturating_sub(all.jobs);
-    let mut row = Row::from_tally(system, "drain", all, secs, "reserve+ack");
+    let mut row = Row::from_tally(system, workload, all, secs, latency_of);
     row.prefix_note(format!("{total} preloaded ready jobs"));
     if missing > 0 {
         row.status = Status::Failed;
@@ -459,7 +646,7 @@ pub async fn lifecycle(ctx: &Ctx) -> Result<Row> {
 
 /// Runs `op(i, intended_start)` for i in 0..n at `rate` per second, each in its own task, at
 /// most `in_flight` at once; waits for all of them.
-async fn open_loop<F, Fut>(rate: u64, n: u64, in_flight: usize, op: F) -> Result<()>
+pub async fn open_loop<F, Fut>(rate: u64, n: u64, in_flight: usize, op: F) -> Result<()>
 where
     F: Fn(u64, Instant) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -518,7 +705,8 @@ pub async fn publish_latency(ctx: &Ctx) -> Result<Row> {
     Ok(row)
 }
 
-fn take(t: &Mutex<Tally>) -> Tally {
+/// The tally out of a shared one, leaving it empty.
+pub fn take(t: &Mutex<Tally>) -> Tally {
     t.lock().map(|mut t| std::mem::take(&mut *t)).unwrap_or_default()
 }
 

@@ -1,6 +1,6 @@
 //! CI's smoke run of the benchmark suite: every workload runs for a moment against a
-//! single-node `target/debug/delayd` (and beanstalkd, if installed), and no job is delivered
-//! before its due time. Nothing about timing is asserted: CI machines are too noisy for that.
+//! single-node `target/debug/delayd` (and beanstalkd and lmstfy's Redis data path, if
+//! beanstalkd and redis-server are installed), and no job is delivered before its due time. Nothing about timing is asserted: CI machines are too noisy for that.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,6 +17,10 @@ fn delayd_bin() -> Option<PathBuf> {
 
 fn beanstalkd_installed() -> bool {
     Command::new("beanstalkd").arg("-v").output().is_ok_and(|o| o.status.success())
+}
+
+fn redis_server_installed() -> bool {
+    Command::new("redis-server").arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 #[test]
@@ -42,6 +46,12 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     } else {
         eprintln!("beanstalkd not installed: its part of the smoke is skipped");
     }
+    let redis = redis_server_installed();
+    if redis {
+        cmd.arg("--lmstfy-redis");
+    } else {
+        eprintln!("redis-server not installed: the lmstfy-redis part of the smoke is skipped");
+    }
     let out = cmd.output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -66,6 +76,8 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
         "publish-http",
         "publish-bulk",
         "drain",
+        "drain-ackfirst",
+        "drain-count10",
         "lifecycle",
         "timer",
         "publish-latency",
@@ -81,14 +93,29 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     for w in ["publish-grpc-stream", "failover"] {
         ensure!(status("delayd", w).is_some(), "{w} missing\n{stdout}");
     }
-    let timer = rows.iter().find(|r| r["workload"] == "timer").context("timer row")?;
-    ensure!(timer["early"] == 0, "early deliveries: {}", timer["early"]);
-    ensure!(timer["jobs"].as_u64().unwrap_or(0) > 0, "timer delivered nothing");
+    for timer in rows.iter().filter(|r| r["workload"] == "timer") {
+        ensure!(timer["early"] == 0, "early deliveries: {timer}");
+        ensure!(timer["jobs"].as_u64().unwrap_or(0) > 0, "timer delivered nothing: {timer}");
+    }
+    // Every row that ran carries the servers' CPU per job and the bench's own CPU.
+    let publish = rows.iter().find(|r| r["workload"] == "publish-http").context("publish")?;
+    ensure!(publish["server_cpu_us_per_job"].as_f64().is_some(), "no server CPU: {publish}");
+    ensure!(publish["loadgen_cpu_pct"].as_f64().is_some(), "no load-gen CPU: {publish}");
     if beanstalkd {
         for w in ["publish", "drain"] {
             ensure!(status("beanstalkd", w).as_deref() == Some("ok"), "beanstalkd {w}\n{stdout}");
         }
         ensure!(!results["ratios"].as_array().context("ratios")?.is_empty(), "no ratios");
+    }
+    if redis {
+        for w in ["publish", "drain", "lifecycle", "timer"] {
+            ensure!(status("lmstfy-redis", w).as_deref() == Some("ok"), "lmstfy {w}\n{stdout}");
+        }
+        let ratios = results["ratios"].as_array().context("ratios")?;
+        ensure!(
+            ratios.iter().any(|r| r["peer"].as_str().is_some_and(|p| p.starts_with("lmstfy"))),
+            "no ratio against lmstfy-redis"
+        );
     }
     ensure!(report.join("report.md").exists() && report.join("throughput.svg").exists());
     Ok(())
