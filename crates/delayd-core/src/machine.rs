@@ -14,7 +14,7 @@
 //! always puts the job back (its next delivery reports `remain_tries` 0).
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::codec::{decode, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
@@ -33,8 +33,9 @@ pub const DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
 /// Every replica applies the same entries, so every replica computes the same effects.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Effects {
-    /// Queues that gained ready jobs (or were resumed with ready jobs).
-    pub ready_queues: BTreeSet<QueueName>,
+    /// Queues that gained ready jobs, with how many they gained (a resumed queue counts
+    /// every ready job it holds): that many long-poll waiters are worth waking, no more.
+    pub ready_queues: BTreeMap<QueueName, u64>,
     /// The earliest timer deadline added by the batch.
     pub earliest_timer_ms: Option<u64>,
     /// Job transitions per queue. A queue appears only once it had an event.
@@ -82,7 +83,10 @@ impl JobEvents {
 impl Effects {
     /// Folds another batch's effects into this one.
     pub fn merge(&mut self, other: Effects) {
-        self.ready_queues.extend(other.ready_queues);
+        for (queue, n) in other.ready_queues {
+            let gained = self.ready_queues.entry(queue).or_default();
+            *gained = gained.saturating_add(n);
+        }
         if let Some(t) = other.earliest_timer_ms {
             self.timer_added(t);
         }
@@ -95,6 +99,15 @@ impl Effects {
         }
         self.timer_lateness_ms.extend(other.timer_lateness_ms);
         self.deleted_tokens.extend(other.deleted_tokens);
+    }
+
+    /// Counts `n` jobs made ready in `queue`.
+    fn made_ready(&mut self, queue: &QueueName, n: u64) {
+        let gained = match self.ready_queues.get_mut(queue) {
+            Some(gained) => gained,
+            None => self.ready_queues.entry(queue.clone()).or_default(),
+        };
+        *gained = gained.saturating_add(n);
     }
 
     fn timer_added(&mut self, deadline_ms: u64) {
@@ -215,7 +228,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 let mut meta = self.meta(queue)?;
                 meta.paused = *paused;
                 if !paused && meta.count(JobState::Ready) > 0 {
-                    self.effects.ready_queues.insert(queue.clone());
+                    self.effects.made_ready(queue, meta.count(JobState::Ready));
                 }
                 self.save_meta(queue, &meta);
                 Ok(Ok(Reply::Done))
@@ -702,7 +715,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     self.kv.put(Cf::Meta, floor, key.clone());
                 }
                 self.kv.put(Cf::Ready, key, Vec::new());
-                self.effects.ready_queues.insert(q.clone());
+                self.effects.made_ready(&q, 1);
             }
             JobState::Reserved => {
                 if let Some(l) = job.lease {

@@ -389,8 +389,8 @@ impl Runner for Machine {
         for o in &outcomes {
             let _ = writeln!(out, "{}", self.show(o));
         }
-        for q in &effects.ready_queues {
-            let _ = writeln!(out, "wake {q}");
+        for (q, gained) in &effects.ready_queues {
+            let _ = writeln!(out, "wake {q} ×{gained}");
         }
         if line.tags.contains("events") {
             out.push_str(&show_events(&effects));
