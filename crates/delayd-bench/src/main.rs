@@ -37,7 +37,7 @@ use crate::workloads::{Ctx, Opts};
 
 /// Every workload, in the order they run. `failover` restarts the node it kills, and
 /// `storage` runs last because it leaves millions of jobs behind.
-const WORKLOADS: [&str; 11] = [
+const WORKLOADS: [&str; 12] = [
     "publish-http",
     "publish-bulk",
     "publish-grpc-stream",
@@ -46,6 +46,7 @@ const WORKLOADS: [&str; 11] = [
     "drain-count10",
     "lifecycle",
     "timer",
+    "timer-ackfirst",
     "publish-latency",
     "failover",
     "storage",
@@ -289,7 +290,8 @@ async fn run(args: Args) -> Result<ExitCode> {
                     "drain-ackfirst" => workloads::drain_ackfirst(&ctx).await.map(|r| vec![r]),
                     "drain-count10" => workloads::drain_count10(&ctx).await.map(|r| vec![r]),
                     "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
-                    "timer" => workloads::timer(&ctx).await.map(|r| vec![r]),
+                    "timer" => workloads::timer(&ctx, false).await.map(|r| vec![r]),
+                    "timer-ackfirst" => workloads::timer(&ctx, true).await.map(|r| vec![r]),
                     "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),
                     "failover" => workloads::failover(&ctx, &mut cluster).await.map(|r| vec![r]),
                     "storage" => workloads::storage(&ctx, &mut cluster).await,
@@ -466,7 +468,7 @@ async fn run_lmstfy(
         ("publish", selected.iter().any(|w| w.starts_with("publish"))),
         ("drain", selected.iter().any(|w| w.starts_with("drain"))),
         ("lifecycle", selected.contains(&"lifecycle")),
-        ("timer", selected.contains(&"timer")),
+        ("timer", selected.iter().any(|w| w.starts_with("timer"))),
     ];
     for (w, on) in runs {
         let at: Vec<usize> = match w {

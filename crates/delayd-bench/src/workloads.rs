@@ -168,6 +168,30 @@ async fn reserve(http: &reqwest::Client, qurl: &str) -> Result<Option<(String, S
     Ok(Some((id, lease, due)))
 }
 
+/// A long-polling reserve that first acks `prev` (delayd's `ack=` extension): whether the
+/// ack took, and the next job as [`reserve`] gives it.
+async fn reserve_acking_wait(
+    http: &reqwest::Client,
+    qurl: &str,
+    prev: &(String, String),
+) -> Result<(bool, Option<(String, String, f64)>)> {
+    let url = format!("{qurl}?ttr=30&timeout={POLL_S}&ack={}&ack_lease={}", prev.0, prev.1);
+    let resp = http.get(url).send().await?;
+    let status = resp.status();
+    let v: Value = resp.json().await?;
+    if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
+        bail!("reserve with ack: HTTP {status}: {v}");
+    }
+    let acked = v["acked"].as_bool().context("reserve with ack= answered without `acked`")?;
+    if status == StatusCode::NOT_FOUND {
+        return Ok((acked, None));
+    }
+    let id = v["job_id"].as_str().context("reserve answer without job_id")?.to_string();
+    let lease = v["lease"].as_str().context("reserve answer without lease")?.to_string();
+    let due = v["due_at_ms"].as_f64().context("reserve answer without due_at_ms")?;
+    Ok((acked, Some((id, lease, due))))
+}
+
 /// Acks a reserved job with its lease.
 async fn ack(http: &reqwest::Client, qurl: &str, id: &str, lease: &str) -> Result<()> {
     let req = http.delete(format!("{qurl}/job/{id}?lease={lease}"));
@@ -732,8 +756,9 @@ pub fn lateness_histogram(samples: &[f64]) -> Vec<(String, u64)> {
 /// `timer`: jobs come due at a steady rate over the next seconds, each published `lead` ms
 /// before its due time; consumers long-poll; lateness = delivery wall time − server's due
 /// time. Early deliveries are counted (must be 0).
-pub async fn timer(ctx: &Ctx) -> Result<Row> {
-    let queue = "timer";
+pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
+    let workload = if ack_first { "timer-ackfirst" } else { "timer" };
+    let queue = workload;
     let rate = ctx.opts.timer_rate;
     let n = (rate as f64 * ctx.opts.timer_secs).round() as u64;
     let lead_ms = ctx.opts.timer_lead_ms;
@@ -753,23 +778,54 @@ pub async fn timer(ctx: &Ctx) -> Result<Row> {
             (received.clone(), published.clone(), publishing.clone());
         consumers.push(tokio::spawn(async move {
             let mut t = Tally::default();
+            // With `ack_first`, the job held since the last reserve, acked by the next one.
+            let mut held: Option<(String, String)> = None;
             loop {
                 let done = publishing.load(Ordering::Acquire) == 0
                     && received.load(Ordering::Relaxed) >= published.load(Ordering::Relaxed);
                 if done || Instant::now() > deadline {
-                    return t;
-                }
-                match reserve(&http, &qurl).await {
-                    Ok(Some((id, lease, due))) => {
-                        t.samples_ms.push(wall_ms() - due);
-                        received.fetch_add(1, Ordering::Relaxed);
+                    if let Some((id, lease)) = held.take() {
                         match ack(&http, &qurl, &id, &lease).await {
                             Ok(()) => t.jobs += 1,
                             Err(e) => t.error(e),
                         }
                     }
+                    return t;
+                }
+                let got = match &held {
+                    Some(prev) if ack_first => {
+                        match reserve_acking_wait(&http, &qurl, prev).await {
+                            Ok((true, got)) => {
+                                t.jobs += 1;
+                                held = None;
+                                Ok(got)
+                            }
+                            Ok((false, _)) => {
+                                Err(anyhow::anyhow!("the ack carried by a reserve failed"))
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    _ => reserve(&http, &qurl).await,
+                };
+                match got {
+                    Ok(Some((id, lease, due))) => {
+                        t.samples_ms.push(wall_ms() - due);
+                        received.fetch_add(1, Ordering::Relaxed);
+                        if ack_first {
+                            held = Some((id, lease));
+                        } else {
+                            match ack(&http, &qurl, &id, &lease).await {
+                                Ok(()) => t.jobs += 1,
+                                Err(e) => t.error(e),
+                            }
+                        }
+                    }
                     Ok(None) => {}
-                    Err(e) => t.error(e),
+                    Err(e) => {
+                        held = None;
+                        t.error(e)
+                    }
                 }
             }
         }));
@@ -809,7 +865,7 @@ pub async fn timer(ctx: &Ctx) -> Result<Row> {
     let published = published.load(Ordering::Relaxed);
     let mut row = Row::from_tally(
         &ctx.system,
-        "timer",
+        workload,
         consumed,
         ctx.opts.timer_secs,
         "lateness (delivery − due)",
