@@ -148,6 +148,11 @@ impl Connection {
     /// Serves one connection until the client closes it, the watchdog or an error ends it,
     /// or the server stops (after its in-flight requests are answered).
     async fn serve(mut self, tcp: TcpStream) {
+        // Answers are written whole; Nagle's algorithm would only hold a pipelined client's
+        // next answer back behind the delayed ack of the previous one.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
+        }
         let activity = Arc::new(Activity::new());
         let io = TokioIo::new(Watched { inner: tcp, activity: activity.clone() });
         let router = self.router.clone();
