@@ -520,15 +520,24 @@ impl Cluster {
             match attempt {
                 Try::Done(r) => return r,
                 Try::Retry(e) => {
-                    if Instant::now() >= deadline {
-                        return Err(ClusterError::Unavailable(format!(
+                    let gave_up = || {
+                        ClusterError::Unavailable(format!(
                             "no leader could serve the request in time, nothing was written ({e})"
-                        )));
+                        ))
+                    };
+                    if Instant::now() >= deadline {
+                        return Err(gave_up());
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                         _ = metrics.changed() => {}
                         _ = tokio::time::sleep_until(deadline) => {}
+                    }
+                    // No attempt at the deadline itself: it could not be answered in time,
+                    // and its "no answer in time" would turn "nothing was written" into
+                    // "outcome unknown" for a request that was never sent.
+                    if Instant::now() >= deadline {
+                        return Err(gave_up());
                     }
                 }
             }
