@@ -14,9 +14,11 @@
 //!
 //! Bounds: at most [`MAX_IN_FLIGHT`] calls at once, [`MAX_OPS`] operations and `max_bytes`
 //! bytes of commands per call (an operation larger than that alone travels alone). A batch
-//! call's deadline is the latest of its members'; each caller still gives up at its own.
+//! call's deadline is the latest of its members'; each caller still gives up at its own. A
+//! caller that gives up while its operation is still queued removes it, and so can say that
+//! nothing was written; once taken into a call, the outcome is unknown.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use delayd_core::{codec, Command};
@@ -35,8 +37,16 @@ pub const MAX_IN_FLIGHT: usize = 4;
 /// Most operations in one call.
 pub const MAX_OPS: usize = 256;
 
+/// A queued operation's fate, settled once by whoever gets there first: the relay task
+/// taking it into a call, or its caller giving up at the deadline. So a caller that gave up
+/// knows whether the operation can still reach the leader.
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const ABANDONED: u8 = 2;
+
 struct Queued {
     op: ForwardOp,
+    state: Arc<AtomicU8>,
     bytes: usize,
     leader: NodeId,
     addr: String,
@@ -106,7 +116,16 @@ impl Relay {
             _ => 0,
         };
         let (reply, rx) = oneshot::channel();
-        let queued = Queued { op, bytes, leader, addr: addr.to_string(), deadline, reply };
+        let state = Arc::new(AtomicU8::new(QUEUED));
+        let queued = Queued {
+            op,
+            state: state.clone(),
+            bytes,
+            leader,
+            addr: addr.to_string(),
+            deadline,
+            reply,
+        };
         match tokio::time::timeout_at(deadline, self.tx.send(queued)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => return Err(ForwardError::Unreachable("node is shutting down".into())),
@@ -116,11 +135,25 @@ impl Relay {
             Ok(Ok(answer)) => answer,
             // The relay drops what it holds only when it stops, before sending it.
             Ok(Err(_)) => Err(ForwardError::Unreachable("node is shutting down".into())),
+            // Still queued: it never will be sent, so nothing was written.
+            Err(_) if abandon(&state) => {
+                Err(ForwardError::Unreachable("not sent before the deadline".into()))
+            }
             Err(_) => Err(ForwardError::Status(Status::deadline_exceeded(
                 "no answer from the leader in time",
             ))),
         }
     }
+}
+
+/// The caller's side: true when the operation was still queued and now never will be sent.
+fn abandon(state: &AtomicU8) -> bool {
+    state.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+}
+
+/// The relay's side: true when the operation may go into a call (its caller still waits).
+fn take(q: &Queued) -> bool {
+    q.state.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok()
 }
 
 async fn run(
@@ -153,14 +186,24 @@ async fn run(
                 _ = shutdown.wait_for(|s| *s) => return,
             },
         };
+        // Its caller gave up while it queued: drop it (the caller said nothing was written).
+        if !take(&first) {
+            continue;
+        }
         let mut bytes = first.bytes;
         let mut batch = vec![first];
         while batch.len() < MAX_OPS {
             let Ok(next) = rx.try_recv() else { break };
+            if next.state.load(Ordering::Acquire) == ABANDONED {
+                continue;
+            }
             let same = next.leader == batch[0].leader && next.addr == batch[0].addr;
             if !same || bytes + next.bytes > max_bytes {
                 carried = Some(next);
                 break;
+            }
+            if !take(&next) {
+                continue;
             }
             bytes += next.bytes;
             batch.push(next);
@@ -221,4 +264,23 @@ fn decode(bytes: &[u8]) -> Result<ForwardReply, ForwardError> {
     // An answer that cannot be read came after the leader served the call: outcome unknown.
     codec::decode(bytes)
         .map_err(|e| ForwardError::Status(Status::internal(format!("bad forward reply: {e}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A caller giving up and the relay taking the operation exclude each other: an
+    /// abandoned operation is never sent, a taken one is never reported as unsent.
+    #[test]
+    fn an_operation_is_either_abandoned_or_taken() {
+        let state = AtomicU8::new(QUEUED);
+        assert!(abandon(&state));
+        assert!(state
+            .compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_err());
+        let state = AtomicU8::new(QUEUED);
+        assert!(state.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok());
+        assert!(!abandon(&state), "a taken operation may have reached the leader");
+    }
 }
