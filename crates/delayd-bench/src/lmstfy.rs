@@ -33,13 +33,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use redis::aio::MultiplexedConnection;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::cluster::{free_ports, Proc};
-use crate::stats::{
-    join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Status, Tally,
-};
-use crate::workloads::{drain_row, lateness_histogram, open_loop, take, Drainer, Opts, BODY_BYTES};
+use crate::stats::{join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Tally};
+use crate::workloads::{drain_row, open_loop, take, timer_row, Drainer, Opts, BODY_BYTES};
 
 /// The system's label in tables.
 pub const SYSTEM: &str = "lmstfy-redis (appendfsync always)";
@@ -547,46 +545,24 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
     .await?;
     publishing.store(0, Ordering::Release);
     let consumed = join_all(consumers).await?;
-    let lateness = consumed.samples_ms.clone();
-    let early = lateness.iter().filter(|l| **l < 0.0).count() as u64;
-    let pub_errs = take(&pub_errors);
     let published = published.load(Ordering::Relaxed);
-    let mut row =
-        Row::from_tally(SYSTEM, "timer", consumed, opts.timer_secs, "lateness (delivery − due)");
-    row.jobs_per_s = Some(row.jobs as f64 / opts.timer_secs);
-    row.early = Some(early);
-    row.errors += pub_errs.errors;
-    let missing = published.saturating_sub(row.jobs);
     let late = late_publishes.load(Ordering::Relaxed);
+    let pub_errors = take(&pub_errors);
+    let how = " with whole-second delays";
+    let (mut row, _) = timer_row(SYSTEM, "timer", opts, consumed, published, late, pub_errors, how);
     let mut meant = meant_lateness.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
     // Not an early delivery by lmstfy's own rules (the score is its due time), but what a
     // user asking for "in N seconds" sees: lmstfy truncates now to the second.
     let before_meant = meant.iter().filter(|l| **l < 0.0).count();
     let meant = Percentiles::of(&mut meant);
-    row.prefix_note(format!(
-        "{rate}/s due over {}s, published {lead_ms} ms ahead with whole-second delays; \
-         {published} published, {} delivered{}{}{}",
-        opts.timer_secs,
-        lateness.len(),
-        if missing > 0 { format!(", {missing} missing") } else { String::new() },
-        if late > 0 { format!(", {late} published after their due time") } else { String::new() },
-        meant.map_or(String::new(), |m| format!(
+    if let Some(m) = meant {
+        row.note.push_str(&format!(
             "; from the time meant: p50 {:.0} ms, max {:.0} ms, {before_meant} before it",
             m.p50, m.max
-        )),
-    ));
-    row.extra.insert("published".into(), json!(published));
-    row.extra.insert("published_late".into(), json!(late));
+        ));
+    }
     row.extra.insert("lateness_from_meant_due_ms".into(), json!(meant));
     row.extra.insert("before_meant_due".into(), json!(before_meant));
-    let hist: Vec<Value> = lateness_histogram(&lateness)
-        .into_iter()
-        .map(|(label, count)| json!({"bucket_ms": label, "count": count}))
-        .collect();
-    row.extra.insert("lateness_histogram".into(), Value::Array(hist));
-    if missing > 0 || early > 0 {
-        row.status = Status::Failed;
-    }
     Ok(row)
 }
 

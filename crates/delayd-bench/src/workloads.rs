@@ -162,34 +162,15 @@ async fn reserve(http: &reqwest::Client, qurl: &str) -> Result<Option<(String, S
     if status != StatusCode::OK {
         bail!("reserve: HTTP {status}: {v}");
     }
-    let id = v["job_id"].as_str().context("reserve answer without job_id")?.to_string();
-    let lease = v["lease"].as_str().context("reserve answer without lease")?.to_string();
-    let due = v["due_at_ms"].as_f64().context("reserve answer without due_at_ms")?;
-    Ok(Some((id, lease, due)))
+    delivery(&v).map(Some)
 }
 
-/// A long-polling reserve that first acks `prev` (delayd's `ack=` extension): whether the
-/// ack took, and the next job as [`reserve`] gives it.
-async fn reserve_acking_wait(
-    http: &reqwest::Client,
-    qurl: &str,
-    prev: &(String, String),
-) -> Result<(bool, Option<(String, String, f64)>)> {
-    let url = format!("{qurl}?ttr=30&timeout={POLL_S}&ack={}&ack_lease={}", prev.0, prev.1);
-    let resp = http.get(url).send().await?;
-    let status = resp.status();
-    let v: Value = resp.json().await?;
-    if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
-        bail!("reserve with ack: HTTP {status}: {v}");
-    }
-    let acked = v["acked"].as_bool().context("reserve with ack= answered without `acked`")?;
-    if status == StatusCode::NOT_FOUND {
-        return Ok((acked, None));
-    }
+/// A reserve answer's `(job_id, lease, due_at_ms)`.
+fn delivery(v: &Value) -> Result<(String, String, f64)> {
     let id = v["job_id"].as_str().context("reserve answer without job_id")?.to_string();
     let lease = v["lease"].as_str().context("reserve answer without lease")?.to_string();
     let due = v["due_at_ms"].as_f64().context("reserve answer without due_at_ms")?;
-    Ok((acked, Some((id, lease, due))))
+    Ok((id, lease, due))
 }
 
 /// Acks a reserved job with its lease.
@@ -370,17 +351,15 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
     drain_row(&ctx.system, "drain", "reserve+ack", tasks, total).await
 }
 
-/// A reserve that first acks the previous job (delayd's `ack=` extension): whether that ack
-/// took, and the next job if one was ready.
+/// A reserve that first acks `prev` (delayd's `ack=` extension), long-polling up to
+/// `timeout_s`: whether that ack took, and the next job as [`reserve`] gives it.
 async fn reserve_acking(
     http: &reqwest::Client,
     qurl: &str,
     prev: &(String, String),
-) -> Result<(bool, Option<(String, String)>)> {
-    // No long poll: when the queue has just run dry, the answer, and with it the news that
-    // the ack took, would come back only when the poll ran out, and the drain's end (its
-    // last ack) would be counted up to a second late. A drain's queue is full until its end.
-    let url = format!("{qurl}?ttr=30&timeout=0&ack={}&ack_lease={}", prev.0, prev.1);
+    timeout_s: u64,
+) -> Result<(bool, Option<(String, String, f64)>)> {
+    let url = format!("{qurl}?ttr=30&timeout={timeout_s}&ack={}&ack_lease={}", prev.0, prev.1);
     let resp = http.get(url).send().await?;
     let status = resp.status();
     let v: Value = resp.json().await?;
@@ -391,9 +370,7 @@ async fn reserve_acking(
     if status == StatusCode::NOT_FOUND {
         return Ok((acked, None));
     }
-    let id = v["job_id"].as_str().context("reserve answer without job_id")?.to_string();
-    let lease = v["lease"].as_str().context("reserve answer without lease")?.to_string();
-    Ok((acked, Some((id, lease))))
+    Ok((acked, Some(delivery(&v)?)))
 }
 
 /// `drain-ackfirst`: as `drain`, but each consumer acks its previous job on its next reserve
@@ -434,11 +411,15 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
                 }
                 // On an error the held job is lost to this run: it comes back only after its
                 // ttr, and the row reports it as not drained.
-                let r = reserve_acking(&http, &qurl, &prev).await.and_then(|(ok, next)| {
+                // No long poll: when the queue has just run dry, the answer, and with it the
+                // news that the ack took, would come back only when the poll ran out, and the
+                // drain's end (its last ack) would be counted up to a second late. A drain's
+                // queue is full until its end.
+                let r = reserve_acking(&http, &qurl, &prev, 0).await.and_then(|(ok, next)| {
                     if next.is_some() {
                         taken.fetch_add(1, Ordering::Relaxed);
                     }
-                    held = next;
+                    held = next.map(|(id, lease, _)| (id, lease));
                     if ok {
                         Ok(true)
                     } else {
@@ -794,7 +775,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
                 }
                 let got = match &held {
                     Some(prev) if ack_first => {
-                        match reserve_acking_wait(&http, &qurl, prev).await {
+                        match reserve_acking(&http, &qurl, prev, POLL_S).await {
                             Ok((true, got)) => {
                                 t.jobs += 1;
                                 held = None;
@@ -859,26 +840,43 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
     .await?;
     publishing.store(0, Ordering::Release);
     let consumed = join_all(consumers).await?;
+    let published = published.load(Ordering::Relaxed);
+    let late = late_publishes.load(Ordering::Relaxed);
+    let pub_errors = take(&pub_errors);
+    Ok(timer_row(&ctx.system, workload, &ctx.opts, consumed, published, late, pub_errors, "").0)
+}
+
+/// The row of a timer run (delayd's or a peer's): lateness percentiles and histogram, early
+/// deliveries, and what was published. `how` describes the peer's way of delaying, in the
+/// note. Also returns the lateness samples, for what a peer adds of its own.
+#[allow(clippy::too_many_arguments)]
+pub fn timer_row(
+    system: &str,
+    workload: &str,
+    opts: &Opts,
+    consumed: Tally,
+    published: u64,
+    late: u64,
+    pub_errors: Tally,
+    how: &str,
+) -> (Row, Vec<f64>) {
     let lateness = consumed.samples_ms.clone();
     let early = lateness.iter().filter(|l| **l < 0.0).count() as u64;
-    let pub_errs = take(&pub_errors);
-    let published = published.load(Ordering::Relaxed);
-    let mut row = Row::from_tally(
-        &ctx.system,
-        workload,
-        consumed,
-        ctx.opts.timer_secs,
-        "lateness (delivery − due)",
-    );
-    row.jobs_per_s = Some(row.jobs as f64 / ctx.opts.timer_secs);
+    let mut row =
+        Row::from_tally(system, workload, consumed, opts.timer_secs, "lateness (delivery − due)");
+    row.jobs_per_s = Some(row.jobs as f64 / opts.timer_secs);
     row.early = Some(early);
-    row.errors += pub_errs.errors;
+    row.errors += pub_errors.errors;
     let missing = published.saturating_sub(row.jobs);
-    let late = late_publishes.load(Ordering::Relaxed);
-    row.prefix_note(format!("{rate}/s due over {}s, published {lead_ms} ms ahead; {published} published, {} delivered{}{}", ctx.opts.timer_secs,
+    row.prefix_note(format!(
+        "{}/s due over {}s, published {} ms ahead{how}; {published} published, {} delivered{}{}",
+        opts.timer_rate,
+        opts.timer_secs,
+        opts.timer_lead_ms,
         lateness.len(),
         if missing > 0 { format!(", {missing} missing") } else { String::new() },
-        if late > 0 { format!(", {late} published after their due time") } else { String::new() }));
+        if late > 0 { format!(", {late} published after their due time") } else { String::new() }
+    ));
     row.extra.insert("published".into(), json!(published));
     row.extra.insert("published_late".into(), json!(late));
     let hist: Vec<Value> = lateness_histogram(&lateness)
@@ -889,7 +887,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
     if missing > 0 || early > 0 {
         row.status = Status::Failed;
     }
-    Ok(row)
+    (row, lateness)
 }
 
 /// `failover`: light publish load through every node; `kill -9` the leader; time until the

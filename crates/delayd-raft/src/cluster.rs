@@ -481,24 +481,7 @@ impl Cluster {
                     r => Try::Done(r),
                 },
                 Some((leader, Some(addr))) => {
-                    let sent = if Relay::batches(&op) {
-                        self.inner.relay.send(leader, &addr, op.clone(), deadline).await
-                    } else {
-                        let remaining = deadline.saturating_duration_since(Instant::now());
-                        let sent = self.inner.network.forward(
-                            leader,
-                            &addr,
-                            codec::encode(&op),
-                            remaining,
-                        );
-                        sent.await.and_then(|bytes| {
-                            codec::decode::<ForwardReply>(&bytes).map_err(|e| {
-                                ForwardError::Status(tonic::Status::internal(format!(
-                                    "bad forward reply: {e}"
-                                )))
-                            })
-                        })
-                    };
+                    let sent = self.inner.relay.send(leader, &addr, op.clone(), deadline).await;
                     match sent {
                         Ok(ForwardReply::Failed(e @ ClusterError::NotLeader(_))) => Try::Retry(e),
                         Ok(ForwardReply::Failed(e)) => Try::Done(Err(e)),
@@ -636,14 +619,9 @@ impl Cluster {
         {
             return Ok(None);
         }
-        let index = self.read_index().await?;
-        let remaining = self.inner.config.request_timeout;
-        self.inner
-            .raft
-            .wait(Some(remaining))
-            .applied_index_at_least(Some(index), "read index")
-            .await
-            .map_err(|e| ClusterError::Unavailable(format!("leader did not apply in time: {e}")))?;
+        // Then for real: after a read barrier, a job whose publish was acknowledged anywhere
+        // is visible here.
+        self.read_barrier().await?;
         idle(&self.inner.reader.read_view()?)
     }
 

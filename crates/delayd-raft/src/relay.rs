@@ -57,6 +57,7 @@ struct Queued {
 /// Handle to the relay task.
 #[derive(Clone)]
 pub struct Relay {
+    network: GrpcNetwork,
     tx: mpsc::Sender<Queued>,
     stats: Arc<Counters>,
 }
@@ -85,8 +86,8 @@ impl Relay {
     ) -> (Relay, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(MAX_OPS * MAX_IN_FLIGHT);
         let stats = Arc::new(Counters::default());
-        let task = tokio::spawn(run(network, max_bytes, rx, stats.clone(), shutdown));
-        (Relay { tx, stats }, task)
+        let task = tokio::spawn(run(network.clone(), max_bytes, rx, stats.clone(), shutdown));
+        (Relay { network, tx, stats }, task)
     }
 
     /// Calls and operations sent so far.
@@ -98,12 +99,13 @@ impl Relay {
     }
 
     /// Whether `op` may share a call with others (see the module docs).
-    pub fn batches(op: &ForwardOp) -> bool {
+    fn batches(op: &ForwardOp) -> bool {
         matches!(op, ForwardOp::Propose(_) | ForwardOp::ReadIndex)
     }
 
-    /// Sends `op` to `leader` at `addr`, in a call of its own or with others, and returns
-    /// the leader's answer. The errors mean what [`GrpcNetwork::forward`]'s do.
+    /// Sends `op` to `leader` at `addr` and returns the leader's answer: in a call of its
+    /// own when it may not share one (see the module docs), else in one with whatever else is
+    /// queued. The errors mean what [`GrpcNetwork::forward`]'s do.
     pub async fn send(
         &self,
         leader: NodeId,
@@ -111,6 +113,9 @@ impl Relay {
         op: ForwardOp,
         deadline: Instant,
     ) -> Result<ForwardReply, ForwardError> {
+        if !Self::batches(&op) {
+            return forward_alone(&self.network, leader, addr, &op, deadline).await;
+        }
         let bytes = match &op {
             ForwardOp::Propose(commands) => commands.iter().map(Command::size_bytes).sum(),
             _ => 0,
@@ -221,15 +226,14 @@ async fn run(
 /// Sends one call and answers every operation in it.
 async fn call(network: &GrpcNetwork, mut batch: Vec<Queued>) {
     let Some(deadline) = batch.iter().map(|q| q.deadline).max() else { return };
-    let timeout = deadline.saturating_duration_since(Instant::now());
     let (leader, addr) = (batch[0].leader, batch[0].addr.clone());
     if batch.len() == 1 {
         if let Some(q) = batch.pop() {
-            let sent = network.forward(leader, &addr, codec::encode(&q.op), timeout).await;
-            let _ = q.reply.send(sent.and_then(|bytes| decode(&bytes)));
+            let _ = q.reply.send(forward_alone(network, leader, &addr, &q.op, deadline).await);
         }
         return;
     }
+    let timeout = deadline.saturating_duration_since(Instant::now());
     let (ops, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|q| (q.op, q.reply)).unzip();
     let sent = network.forward(leader, &addr, codec::encode(&ForwardOp::Batch(ops)), timeout);
     let answers = match sent.await.and_then(|bytes| decode(&bytes)) {
@@ -258,6 +262,18 @@ async fn call(network: &GrpcNetwork, mut batch: Vec<Queued>) {
     for (answer, reply) in answers.into_iter().zip(replies) {
         let _ = reply.send(Ok(answer));
     }
+}
+
+/// One operation in a call of its own.
+async fn forward_alone(
+    network: &GrpcNetwork,
+    leader: NodeId,
+    addr: &str,
+    op: &ForwardOp,
+    deadline: Instant,
+) -> Result<ForwardReply, ForwardError> {
+    let timeout = deadline.saturating_duration_since(Instant::now());
+    decode(&network.forward(leader, addr, codec::encode(op), timeout).await?)
 }
 
 fn decode(bytes: &[u8]) -> Result<ForwardReply, ForwardError> {

@@ -157,15 +157,10 @@ type Reserved = (Option<bool>, Vec<Delivery>);
 
 /// The outcomes of a reserve, possibly after an ack: whether the ack removed its job, and
 /// the deliveries. A rejected ack (its lease is no longer the job's) removed nothing.
-fn reserved(outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
-    let mut outcomes = outcomes.into_iter();
-    let mut acked = None;
-    let mut next = outcomes.next();
-    if outcomes.len() == 1 {
-        acked = Some(matches!(next, Some(Ok(Reply::Removed(true)))));
-        next = outcomes.next();
-    }
-    let outcome = next.ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
+fn reserved(mut outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
+    // The reserve comes last, after the ack when there is one.
+    let outcome = outcomes.pop().ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
+    let acked = outcomes.pop().map(|ack| matches!(ack, Ok(Reply::Removed(true))));
     match reply(outcome)? {
         Reply::Reserved(got) => Ok((acked, got)),
         r => Err(unexpected(r)),
