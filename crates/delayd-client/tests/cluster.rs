@@ -80,8 +80,10 @@ impl Cluster {
     }
 
     async fn ready(&self, queue: &str) -> u64 {
-        let queue = delayd_server::service::queue_name(NS, queue).unwrap();
-        self.nodes[0].stats(&queue, false).await.unwrap().meta.counts[1]
+        let queue = delayd_server::service::validate::queue_name(NS, queue).unwrap();
+        let dev = delayd_server::Principal::Dev;
+        let meta = self.nodes[0].service().queue_meta(&dev, &queue, false).await.unwrap();
+        meta.count(delayd_core::JobState::Ready)
     }
 
     async fn stop(self) {

@@ -2,9 +2,10 @@
 //!
 //! Everything delayd promises about jobs is decided here, by [`machine::apply`]: a deterministic
 //! function of the stored state and one log [`Entry`]. It does no IO of its own, reads no clock
-//! and draws no random numbers — time, ids and lease tokens come inside the commands, chosen by
-//! the leader before they enter the Raft log — so every replica that applies the same log holds
-//! the same state, and a golden script can replay any history exactly.
+//! and draws no random numbers — time comes with each entry (the leader's clock), ids and lease
+//! seeds inside the commands (drawn by the node that took the request) — so every replica that
+//! applies the same log holds the same state, and a golden script can replay any history
+//! exactly.
 //!
 //! The state lives in a key-value store behind [`kv::KvRead`]; the machine writes into a
 //! [`kv::Overlay`] that the store commits atomically. Indexes are ordered keys (see [`keys`]), so

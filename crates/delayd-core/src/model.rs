@@ -74,6 +74,10 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every state, in the order of [`QueueMeta::counts`].
+    pub const ALL: [JobState; 4] =
+        [JobState::Delayed, JobState::Ready, JobState::Reserved, JobState::Dead];
+
     /// Lower-case name, as shown by the API.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -8,8 +8,9 @@
 use std::time::{Duration, Instant};
 
 use delayd_core::{Due, QueueName};
+use delayd_server::service::reserve::ReserveRequest;
 use delayd_server::service::PublishParams;
-use delayd_server::{Config, Node};
+use delayd_server::{Config, Node, Principal};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -68,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut lat = Vec::with_capacity(jobs / 5);
     for _ in 0..jobs / 5 {
         let t = Instant::now();
-        node.publish(q.clone(), &params, body.clone()).await?;
+        node.service().publish(&Principal::Dev, q.clone(), &params, body.clone()).await?;
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     summary("publish latency, 1 client", lat, "ms");
@@ -84,7 +85,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut lat = Vec::with_capacity(per);
             for _ in 0..per {
                 let t = Instant::now();
-                node.publish(q.clone(), &params, body.clone()).await?;
+                node.service().publish(&Principal::Dev, q.clone(), &params, body.clone()).await?;
                 lat.push(t.elapsed().as_secs_f64() * 1000.0);
             }
             Ok::<_, delayd_server::ServiceError>(lat)
@@ -111,7 +112,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             for i in (p..timer_jobs).step_by(16) {
                 let at = base + (i as u64 * 2000) / timer_jobs.max(1) as u64;
                 let p = PublishParams { due: Due::At(at), ..params.clone() };
-                node.publish(q.clone(), &p, body.clone()).await?;
+                node.service().publish(&Principal::Dev, q.clone(), &p, body.clone()).await?;
             }
             Ok::<_, delayd_server::ServiceError>(())
         }));
@@ -128,15 +129,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         consumers.push(tokio::spawn(async move {
             let mut lateness = Vec::new();
             loop {
-                let got =
-                    node.reserve(vec![q.clone()], 10, Some(60_000), Duration::from_secs(5)).await?;
+                let request = ReserveRequest {
+                    queues: vec![q.clone()],
+                    count: 10,
+                    ttr_ms: Some(60_000),
+                    wait: Duration::from_secs(5),
+                    ack: None,
+                };
+                let got = node.service().reserve(&Principal::Dev, request).await?.deliveries;
                 if got.is_empty() {
                     return Ok::<_, delayd_server::ServiceError>(lateness);
                 }
                 let now = wall_ms();
                 for d in got {
                     lateness.push(now as f64 - d.job.due_ms as f64);
-                    node.ack(q.clone(), d.job.id, Some(d.lease)).await?;
+                    node.service().ack(&Principal::Dev, q.clone(), d.job.id, Some(d.lease)).await?;
                 }
             }
         }));

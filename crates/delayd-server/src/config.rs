@@ -59,7 +59,7 @@ pub struct Config {
     pub transfer_timeout_ms: u64,
     /// Serve linearizable reads on the leader's lease instead of a quorum round trip each.
     pub lease_reads: bool,
-    /// Who may call what (see [`crate::auth`]).
+    /// Who may call what (see `service/auth.rs`).
     pub auth: AuthConfig,
     /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
     /// it to inject clock skew; never enable it in production.
@@ -101,6 +101,13 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The largest request a client may send: a log entry's worth of bodies (a bulk publish
+    /// fills at most one entry) and room for the request's own framing beside them. Bounds
+    /// HTTP bulk bodies and gRPC messages alike.
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_entry_bytes.saturating_add(MESSAGE_FRAMING_BYTES)
+    }
+
     /// The gRPC address this node advertises to its peers.
     pub fn advertised(&self) -> String {
         delayd_raft::config::advertised(self.grpc_addr, self.advertise_addr.as_deref())
@@ -133,11 +140,13 @@ impl Config {
                 self.max_body_bytes, self.max_entry_bytes
             ));
         }
-        if self.max_horizon.is_zero() || self.max_horizon > crate::service::MAX_HORIZON_LIMIT {
+        if self.max_horizon.is_zero()
+            || self.max_horizon > crate::service::validate::MAX_HORIZON_LIMIT
+        {
             return Err(format!(
                 "max_horizon_s ({}) must be 1 to {} (lmstfy's 32-bit seconds)",
                 self.max_horizon.as_secs(),
-                crate::service::MAX_HORIZON_LIMIT.as_secs()
+                crate::service::validate::MAX_HORIZON_LIMIT.as_secs()
             ));
         }
         self.http.validate()
@@ -180,10 +189,13 @@ pub const MIN_ENTRY_BYTES: usize = 64 * 1024;
 /// Largest `max_entry_bytes`: a quarter of the transport's message limit, so a replication
 /// message always has room for an entry and openraft's batching of several.
 pub const MAX_ENTRY_BYTES: usize = delayd_raft::network::MAX_MESSAGE_BYTES / 4;
+/// Room a request needs beyond the log entry it becomes: field tags and lengths, options,
+/// queue names, a bulk's JSON punctuation.
+pub const MESSAGE_FRAMING_BYTES: usize = 64 << 10;
 /// Room a job needs in an entry beside its body: the largest attributes and key allowed, and
 /// the command's own fields.
 pub const JOB_OVERHEAD_BYTES: usize = 32 * 1024;
-/// Bounds on the HTTP API's connections, enforced by [`crate::serve::serve_http`]: a client
+/// Bounds on the HTTP API's connections, enforced by [`crate::http::serve_http`]: a client
 /// can hold a connection only while it is sending a request promptly, has one in flight, or
 /// has been idle for less than `idle_timeout`; and only `max_connections` at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,7 +207,7 @@ pub struct HttpLimits {
     /// has its request in flight however long it waits, so it is never cut by this.
     pub idle_timeout: Duration,
     /// Most connections served at once; further ones wait in the kernel's accept backlog
-    /// until one closes (see [`crate::serve`]).
+    /// until one closes (see [`crate::http::serve`]).
     pub max_connections: usize,
 }
 
@@ -233,7 +245,8 @@ impl HttpLimits {
 /// password is not.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 
-/// Authentication settings (what they decide is in [`crate::auth`]). The default is secure: every API but `/health` needs a token,
+/// Authentication settings (what they decide is in `service/auth.rs`). The default is secure:
+/// every API but `/health` needs a token,
 /// and without an admin token nothing can create one.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct AuthConfig {

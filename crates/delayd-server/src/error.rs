@@ -1,14 +1,18 @@
-//! The service's error type. Each protocol maps it to status codes in one place.
+//! Why a request failed, in the service's terms. Each front end turns a [`ServiceError`] into
+//! its protocol's answer in exactly one place (`http/error.rs`, `grpc/status.rs`).
 
 use delayd_core::Rejection;
+use serde::Serialize;
 
-/// Why a request failed.
-#[derive(Debug, thiserror::Error)]
+/// Why a request failed. The message is meant for the client: it names the parameter, limit
+/// or state at fault.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(tag = "kind", content = "message", rename_all = "snake_case")]
 pub enum ServiceError {
-    /// The request is malformed or violates a limit; the message names the problem.
+    /// The request is malformed or violates a limit; nothing was written.
     #[error("{0}")]
     BadRequest(String),
-    /// The request is over a size limit (body, bulk, entry); the message names which.
+    /// The request is over a size limit (body, bulk, entry); nothing was written.
     #[error("{0}")]
     TooLarge(String),
     /// The thing addressed does not exist.
@@ -37,6 +41,13 @@ pub enum ServiceError {
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl ServiceError {
+    /// A [`ServiceError::BadRequest`] with `message`.
+    pub fn bad_request(message: impl Into<String>) -> ServiceError {
+        ServiceError::BadRequest(message.into())
+    }
 }
 
 impl From<Rejection> for ServiceError {
@@ -88,5 +99,12 @@ mod tests {
         assert!(matches!(&e, ServiceError::Unavailable(m) if m.contains("snapshot")), "{e:?}");
         let e = ServiceError::from(StoreError::Corrupt("x".into()));
         assert!(matches!(e, ServiceError::Internal(_)), "{e:?}");
+    }
+
+    #[test]
+    fn errors_serialize_with_their_kind() {
+        let e = ServiceError::bad_request("count must be 1 to 100");
+        let json = serde_json::to_value(&e).expect("serializes");
+        assert_eq!(json, serde_json::json!({"kind": "bad_request", "message": e.to_string()}));
     }
 }

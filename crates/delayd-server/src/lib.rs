@@ -1,38 +1,45 @@
-//! # delayd-server: the service around the replicated state machine
+//! # delayd-server: the client-facing half of a delayd node
 //!
-//! A [`Node`] is a cluster node ([`delayd_raft::Cluster`]: Raft, the proposer, the timer
-//! pump, routing to the leader) and the client-facing service around it:
+//! Below this crate, `delayd-raft`'s [`Cluster`](delayd_raft::Cluster) replicates job
+//! commands, runs the timer pump on the leader and routes writes to it. This crate puts the
+//! service clients talk to on top, in three layers that only ever call downwards:
 //!
-//! - the **waiters** ([`waiters`]): long-poll reserves park here and are woken when an applied
-//!   entry makes jobs ready in one of their queues;
-//! - the **service** ([`service`]): validated operations that the HTTP handlers ([`http`]) and
-//!   the gRPC client API ([`api`], on the node's gRPC port beside the internal services) are
-//!   thin over;
-//! - **authentication** ([`auth`]): the admin token and namespace tokens, which live in the
-//!   replicated state and are managed through the token API ([`tokens`]); a request id per
-//!   HTTP request ([`request_id`]);
-//! - the **admin API** ([`admin`]): membership, leadership transfer, snapshots, digests;
-//! - the HTTP **transport** ([`serve`]): header and idle timeouts and a connection limit, so
-//!   no client can hold connections it does not use.
+//! ```text
+//!   http/  (axum, lmstfy's API)      grpc/  (tonic, delayd.v1.Delayd)      ← front ends
+//!        extract → one Service call → render      convert → one Service call → convert
+//!                         \                  /
+//!   service/   Service: authorize → validate → build Commands → propose or read
+//!                         |            (waiters: long-polls woken by applied entries)
+//!   delayd_raft::Cluster   proposer → Raft log → state machine (RocksDB) → observer
+//! ```
 //!
-//! Errors are mapped to HTTP status codes in exactly one place, [`http::error`], and to gRPC
-//! statuses in one place, [`api::status`].
+//! - **Front ends** ([`http`], [`grpc`]) decode a request's syntax, take the caller's
+//!   credential, make exactly one call on [`Service`] and render its answer; each maps
+//!   [`ServiceError`] to its protocol's statuses in one place. They decide nothing: a new
+//!   protocol is a new front end, with every rule already in force.
+//! - **The service** ([`service`]) is the only code that builds state-machine commands.
+//!   Every operation authorizes its caller first ([`service::auth`]: one decision for every
+//!   protocol), then validates its arguments ([`service::validate`]: every bound, once),
+//!   then writes through the cluster or reads the local replica. It names neither axum nor
+//!   tonic.
+//! - **The cluster** tells the service what each applied batch of entries did (an
+//!   `Observer`): which queues gained ready jobs (their long-polls wake), which tokens were
+//!   deleted (their rate limiters go), what to count in [`metrics`].
+//!
+//! [`Node`] (`node.rs`) is the composition root: it opens the cluster, builds the service,
+//! serves the client API beside the Raft services on one gRPC port and the HTTP API on
+//! another, and stops them in order. `docs/architecture.md` traces one request through all of
+//! it, with file names.
 
-pub mod admin;
-pub mod api;
-pub mod auth;
 pub mod config;
-pub mod dashboard;
-pub mod error;
+mod error;
+pub mod grpc;
 pub mod http;
 pub mod metrics;
-pub mod node;
-pub mod request_id;
-pub mod serve;
+mod node;
 pub mod service;
-pub mod tokens;
-pub mod waiters;
 
 pub use config::Config;
 pub use error::ServiceError;
 pub use node::Node;
+pub use service::{Principal, Service};

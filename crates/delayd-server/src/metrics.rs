@@ -4,9 +4,9 @@
 //! tests, so nothing uses the global default registry). `docs/metrics.md` lists every series
 //! with its meaning; this module is where they come from. There are four sources:
 //!
-//! - **Requests**, recorded as they are answered: an axum middleware ([`track_http`]) labels
+//! - **Requests**, recorded as they are answered: the HTTP front end's middleware labels
 //!   HTTP requests with the route *template* (`/api/{ns}/{q}`), never the raw path, so the
-//!   number of series is bounded by the router; [`GrpcMetered`] wraps the gRPC client API
+//!   number of series is bounded by the router; the gRPC front end wraps its client API
 //!   the same way, by method name.
 //! - **Applied entries**: the apply listener hands every batch's [`Effects`] to
 //!   [`Metrics::record_applied`], which counts job events per queue and timer lateness.
@@ -27,15 +27,11 @@
 //! with `_` are reserved, so this never mixes with a real queue).
 
 use std::collections::HashSet;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use delayd_core::{query, Effects, QueueName};
+use delayd_core::{query, Effects, JobState, QueueName};
+use delayd_raft::Cluster;
 use delayd_store::{StateReader, StoreMetrics, TypeConfig};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::{Instant as _, RaftMetrics, ServerState};
@@ -43,11 +39,8 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
-use tonic::codegen::{http, BoxFuture, Context, Poll, Service};
-use tonic::server::NamedService;
 
 use crate::error::ServiceError;
-use crate::node::Node;
 
 /// Most queues reported by the per-queue gauges, and most queues with their own event
 /// counters; bounds the number of series a node exposes.
@@ -335,10 +328,10 @@ impl Metrics {
         }
     }
 
-    /// Records one answered HTTP request.
-    pub fn http_request(&self, route: &str, method: &Method, status: StatusCode, took: Duration) {
-        let method = method_label(method);
-        self.http_requests.with_label_values(&[route, method, status.as_str()]).inc();
+    /// Records one answered HTTP request: its route template, its method (one of a bounded
+    /// set) and its status code.
+    pub fn http_request(&self, route: &str, method: &str, status: &str, took: Duration) {
+        self.http_requests.with_label_values(&[route, method, status]).inc();
         self.http_seconds.with_label_values(&[route, method]).observe(took.as_secs_f64());
     }
 
@@ -358,14 +351,14 @@ impl Metrics {
         self.raft_leader_changes.inc();
     }
 
-    /// Refreshes the scrape-time gauges from `node` and renders every metric in the text
+    /// Refreshes the scrape-time gauges from `cluster` and renders every metric in the text
     /// exposition format. Blocking: it reads RocksDB.
-    pub fn render(&self, node: &Node) -> Result<String, ServiceError> {
+    pub fn render(&self, cluster: &Cluster) -> Result<String, ServiceError> {
         let _one_at_a_time = self.scrape.lock().unwrap_or_else(PoisonError::into_inner);
-        let raft = node.cluster().metrics();
+        let raft = cluster.metrics();
         self.refresh_raft(&raft);
-        let reader = node.cluster().reader();
-        if let Err(e) = self.refresh_queues(reader, node.clock().now_ms()) {
+        let reader = cluster.reader();
+        if let Err(e) = self.refresh_queues(reader, cluster.clock().now_ms()) {
             // A follower installing a snapshot has no consistent state to show: leave the
             // queue gauges out of this scrape rather than fail all of it.
             tracing::debug!(error = %e, "queue gauges left out of this scrape");
@@ -408,12 +401,12 @@ impl Metrics {
         let bounds = DUE_WITHIN.map(|(ms, _)| ms);
         for (queue, meta) in &queues {
             let (ns, q) = (queue.namespace.as_str(), queue.queue.as_str());
-            for (state, n) in ["delayed", "ready", "reserved", "dead"].into_iter().zip(meta.counts)
-            {
-                self.jobs.with_label_values(&[ns, q, state]).set(to_i64(n));
+            for state in JobState::ALL {
+                let n = meta.count(state);
+                self.jobs.with_label_values(&[ns, q, state.as_str()]).set(to_i64(n));
             }
             // A queue without delayed jobs has nothing in its due histogram: skip the scan.
-            let due = if meta.counts[0] == 0 {
+            let due = if meta.count(JobState::Delayed) == 0 {
                 vec![0; bounds.len() + 1]
             } else {
                 query::due_histogram(&view, queue, now_ms, &bounds)?
@@ -440,134 +433,11 @@ impl Metrics {
     }
 }
 
-/// The method label: the standard methods by name, anything else as `other` (a client can
-/// send any token as a method, and labels must stay bounded).
-fn method_label(m: &Method) -> &'static str {
-    match *m {
-        Method::GET => "GET",
-        Method::PUT => "PUT",
-        Method::POST => "POST",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    }
-}
-
-/// `GET /metrics`: every metric of the node in Prometheus' text format.
-pub async fn scrape(State(node): State<Node>) -> Response {
-    let rendered = tokio::task::spawn_blocking(move || node.metrics().render(&node))
-        .await
-        .map_err(|e| ServiceError::Internal(format!("metrics task: {e}")))
-        .and_then(|r| r);
-    match rendered {
-        Ok(text) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response(),
-        Err(e) => crate::http::ApiError(e).into_response(),
-    }
-}
-
-/// HTTP middleware (`axum::middleware::from_fn_with_state`) counting and timing requests by
-/// route template; requests no route matched are labelled `unmatched`.
-pub async fn track_http(State(node): State<Node>, request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().cloned();
-    let method = request.method().clone();
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
-    node.metrics().http_request(route, &method, response.status(), started.elapsed());
-    response
-}
-
-/// The gRPC client API wrapped to count and time its calls. The status code is read from the
-/// response head: a stream that fails after it started is counted as `OK`.
-#[derive(Clone)]
-pub struct GrpcMetered<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-}
-
-impl<S> GrpcMetered<S> {
-    /// Wraps `inner`, recording into `metrics`.
-    pub fn new(inner: S, metrics: Arc<Metrics>) -> Self {
-        GrpcMetered { inner, metrics }
-    }
-}
-
-impl<S: NamedService> NamedService for GrpcMetered<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S, B, R> Service<http::Request<B>> for GrpcMetered<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<R>, Error = Infallible>,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<R>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Infallible>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let metrics = self.metrics.clone();
-        let method = request.uri().path().rsplit('/').next().unwrap_or_default().to_string();
-        let started = Instant::now();
-        let answer = self.inner.call(request);
-        Box::pin(async move {
-            let response = answer.await?;
-            let code = grpc_code(response.headers());
-            // An unknown method is answered UNIMPLEMENTED: don't let its name become a label.
-            let method = if code == "UNIMPLEMENTED" { "unknown" } else { method.as_str() };
-            metrics.grpc_request(method, code, started.elapsed());
-            Ok(response)
-        })
-    }
-}
-
-/// The gRPC status of a response, from its head: an error answered before any message
-/// carries `grpc-status` in the head (tonic's trailers-only response); without it the call
-/// was accepted, and a unary call then succeeded. A stream that fails after it started
-/// reports its status in the trailers, which this does not wait for: it counts as `OK`.
-fn grpc_code(headers: &HeaderMap) -> &'static str {
-    const NAMES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    match headers.get("grpc-status") {
-        None => "OK",
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.parse::<usize>().ok())
-            .and_then(|i| NAMES.get(i).copied())
-            .unwrap_or("UNKNOWN"),
-    }
-}
-
 /// Counts every leader this node sees established, until its Raft stops: a change of
 /// `(current_leader, term)` to a known leader, including the first one after start.
-pub(crate) async fn watch_leader(node: Node) {
-    let mut raft_metrics = node.cluster().raft().metrics();
-    let metrics = node.metrics().clone();
-    drop(node);
+pub(crate) async fn watch_leader(cluster: Cluster, metrics: Arc<Metrics>) {
+    let mut raft_metrics = cluster.raft().metrics();
+    drop(cluster);
     let mut last = None;
     loop {
         let seen = {
@@ -592,16 +462,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    #[test]
-    fn grpc_codes_come_from_the_response_head() {
-        let mut h = HeaderMap::new();
-        assert_eq!(grpc_code(&h), "OK");
-        h.insert("grpc-status", "3".parse().unwrap());
-        assert_eq!(grpc_code(&h), "INVALID_ARGUMENT");
-        h.insert("grpc-status", "99".parse().unwrap());
-        assert_eq!(grpc_code(&h), "UNKNOWN");
-    }
 
     #[test]
     fn event_counters_stop_growing_new_queues_at_the_cap() {

@@ -1,91 +1,111 @@
-//! A running delayd node: the cluster node ([`delayd_raft::Cluster`]) and what the service
-//! keeps beside it — long-poll waiters, the token cache, metrics — and the client API on the
-//! node's gRPC port.
+//! The composition root: a running node is its cluster node, the service over it, and the
+//! two listeners — one gRPC server holding the Raft services and the client API side by
+//! side, and the HTTP server. Nothing else in the crate imports this module; it only wires
+//! the parts together and owns the tasks it starts.
 
-use std::hash::Hasher;
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use delayd_core::{Cf, Command, Effects, KvRead, Outcome};
-use delayd_raft::{Cluster, Observer};
+use delayd_raft::Cluster;
 use delayd_store::StoreMetrics;
+use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::error::ServiceError;
-use crate::metrics::Metrics;
-use crate::waiters::Waiters;
+use crate::metrics::{watch_leader, Metrics};
+use crate::service::{Parts, Service};
+
+/// How long shutdown waits for a background task of the node's before abandoning it.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A started node. Cheap to clone; every clone is the same node.
 #[derive(Clone)]
 pub struct Node {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) config: Config,
-    pub(crate) cluster: Cluster,
-    pub(crate) waiters: Arc<Waiters>,
-    pub(crate) auth: Arc<crate::auth::Auth>,
-    pub(crate) metrics: Arc<Metrics>,
-}
-
-/// Tells the service's parts about applied entries.
-struct Listener {
-    waiters: Arc<Waiters>,
-    auth: Arc<crate::auth::Auth>,
-    metrics: Arc<Metrics>,
-}
-
-impl Observer for Listener {
-    fn applied(&self, effects: &Effects) {
-        self.waiters.wake(&effects.ready_queues);
-        for token in &effects.deleted_tokens {
-            self.auth.forget(token);
-        }
-        self.metrics.record_applied(effects);
-    }
-
-    fn replaced(&self) {
-        self.waiters.wake_all();
-    }
+struct Inner {
+    service: Service,
+    cluster: Cluster,
+    /// Background tasks of the node's own (the cluster joins its own on shutdown).
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Node {
-    /// Opens the store under `config.data_dir`, starts the cluster node and its gRPC server on
-    /// `config.grpc_addr` (the internal services and the client API), and forms the cluster
-    /// on first start (a restart finds it formed; a `join` node waits to be added).
+    /// Opens the store under `config.data_dir`, starts the cluster node, and serves the
+    /// internal services and the client API on `config.grpc_addr`; forms the cluster on first
+    /// start (a restart finds it formed; a `join` node waits to be added). HTTP is served by
+    /// [`Node::run`], or by the caller over [`Node::router`].
     pub async fn start(mut config: Config) -> Result<Node, ServiceError> {
         config.validate().map_err(ServiceError::BadRequest)?;
         if !config.auth.dev && config.auth.admin_token.is_none() {
             // Peers authenticate each other with the admin token; without one (and without
             // dev) nothing could be administered and no peer could join. (The binary always
             // has one: configured, or generated into the data directory.)
-            return Err(ServiceError::BadRequest(
-                "set an admin token, or dev for no authentication at all".into(),
+            return Err(ServiceError::bad_request(
+                "set an admin token, or dev for no authentication at all",
             ));
         }
         let metrics = Arc::new(
             Metrics::new(StoreMetrics::default())
                 .map_err(|e| ServiceError::Internal(format!("metrics: {e}")))?,
         );
-        let waiters = Arc::new(Waiters::default());
-        let auth = Arc::new(crate::auth::Auth::default());
-        let listener =
-            Listener { waiters: waiters.clone(), auth: auth.clone(), metrics: metrics.clone() };
+        let parts = Parts::new(metrics.clone());
         let cluster =
-            Cluster::open(config.cluster(), Arc::new(listener), metrics.store().clone()).await?;
+            Cluster::open(config.cluster(), parts.observer(), metrics.store().clone()).await?;
         // With port 0 (tests) the cluster bound a port of the OS's choice: advertise it.
         config.grpc_addr = cluster.config().grpc_addr;
-        let node = Node { inner: Arc::new(Inner { config, cluster, waiters, auth, metrics }) };
-        let api =
-            crate::metrics::GrpcMetered::new(crate::api::server(&node), node.inner.metrics.clone());
-        node.inner.cluster.serve(Some(tonic::service::Routes::new(api))).await?;
-        tokio::spawn(crate::metrics::watch_leader(node.clone()));
-        Ok(node)
+        let service = Service::new(config, cluster.clone(), parts);
+        let api = tonic::service::Routes::new(crate::grpc::server(&service));
+        cluster.serve(Some(api)).await?;
+        let leader_watch = tokio::spawn(watch_leader(cluster.clone(), metrics));
+        let tasks = Mutex::new(vec![leader_watch]);
+        Ok(Node { inner: Arc::new(Inner { service, cluster, tasks }) })
+    }
+
+    /// Runs a node until `shutdown` completes: binds `config.http_addr` first (so a port in
+    /// use fails before anything starts), starts the node and serves HTTP. On `shutdown` a
+    /// leader first hands leadership over while it still serves HTTP (its clients' writes are
+    /// forwarded to the new leader meanwhile), so the cluster never waits out an election;
+    /// then HTTP stops, then the cluster node.
+    pub async fn run(
+        config: Config,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ServiceError> {
+        let addr = config.http_addr;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| ServiceError::Internal(format!("cannot listen on {addr}: {e}")))?;
+        let limits = config.http.clone();
+        let node = Node::start(config).await?;
+        match listener.local_addr() {
+            Ok(addr) => tracing::info!(%addr, "serving HTTP"),
+            Err(e) => tracing::warn!(error = %e, "serving HTTP on an address the OS cannot name"),
+        }
+        let cluster = node.inner.cluster.clone();
+        let stop = async move {
+            shutdown.await;
+            cluster.step_down().await;
+        };
+        let served = crate::http::serve_http(listener, node.router(), &limits, stop).await;
+        node.shutdown().await;
+        served.map_err(|e| ServiceError::Internal(format!("HTTP server: {e}")))
+    }
+
+    /// The HTTP API over this node's service.
+    pub fn router(&self) -> axum::Router {
+        crate::http::router(&self.inner.service)
+    }
+
+    /// The node's service: every client operation.
+    pub fn service(&self) -> &Service {
+        &self.inner.service
     }
 
     /// The node's configuration.
     pub fn config(&self) -> &Config {
-        &self.inner.config
+        self.inner.service.config()
     }
 
     /// The cluster node underneath.
@@ -93,62 +113,24 @@ impl Node {
         &self.inner.cluster
     }
 
-    /// The node's wall clock (the one that stamps entries when this node leads).
-    pub fn clock(&self) -> &delayd_raft::clock::Clock {
-        self.inner.cluster.clock()
-    }
-
     /// The node's Prometheus metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.inner.metrics
+        self.inner.service.metrics()
     }
 
     /// Stops the node: a leader hands leadership over first, then the cluster node stops and
-    /// its tasks are joined. Acknowledged writes are already durable.
+    /// its tasks and the node's are joined. Acknowledged writes are already durable.
     pub async fn shutdown(&self) {
         self.inner.cluster.shutdown().await;
-    }
-
-    /// Whether this node currently leads.
-    pub fn is_leader(&self) -> bool {
-        self.inner.cluster.is_leader()
-    }
-
-    /// Proposes commands atomically on the leader, bounded by the request timeout.
-    pub(crate) async fn propose(
-        &self,
-        commands: Vec<Command>,
-    ) -> Result<Vec<Outcome>, ServiceError> {
-        Ok(self.inner.cluster.propose(commands).await?)
-    }
-
-    /// Waits until the local replica has applied everything the leader had committed when
-    /// asked (the read-index protocol), so a local read is linearizable.
-    pub(crate) async fn read_barrier(&self) -> Result<(), ServiceError> {
-        Ok(self.inner.cluster.read_barrier().await?)
-    }
-
-    /// A digest of the whole replicated state with the index it was taken at, read from one
-    /// consistent view: replicas at the same index must have the same digest.
-    pub fn digest(&self) -> Result<(Option<u64>, u64, u64), ServiceError> {
-        let view = self.inner.cluster.reader().read_view()?;
-        let applied = view.last_applied()?.map(|l| l.index);
-        let mut hash = std::collections::hash_map::DefaultHasher::new();
-        let mut entries = 0u64;
-        for cf in Cf::ALL {
-            view.scan(cf, &[], &[], &mut |k, v| {
-                // The store's own bookkeeping (last applied, membership) is not job state.
-                if !(cf == Cf::Meta && k.starts_with(b"raft/")) {
-                    hash.write_u8(cf as u8);
-                    hash.write_usize(k.len());
-                    hash.write(k);
-                    hash.write_usize(v.len());
-                    hash.write(v);
-                    entries += 1;
-                }
-                true
-            })?;
+        let tasks =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        for task in tasks {
+            let abort = task.abort_handle();
+            // Each ends when Raft has stopped, which it now has.
+            if tokio::time::timeout(JOIN_TIMEOUT, task).await.is_err() {
+                tracing::warn!("a node task did not stop within {JOIN_TIMEOUT:?}; abandoned");
+                abort.abort();
+            }
         }
-        Ok((applied, hash.finish(), entries))
     }
 }

@@ -12,7 +12,7 @@ use axum::Router;
 use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_client::DelaydClient;
 use delayd_server::config::AuthConfig;
-use delayd_server::{http, Config, Node};
+use delayd_server::{Config, Node};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tonic::Code;
@@ -38,7 +38,7 @@ enum Via {
 impl TestNode {
     async fn start(auth: AuthConfig) -> TestNode {
         let (node, dir) = common::start_node(Config { auth, ..Config::default() }).await;
-        let router = http::router(node.clone());
+        let router = node.router();
         TestNode { node, router, _dir: dir }
     }
 
@@ -518,7 +518,7 @@ async fn a_follower_coalesces_its_checks_of_unknown_tokens() {
         };
         async move {
             let (node, dir) = common::start_node(config).await;
-            TestNode { router: http::router(node.clone()), node, _dir: dir }
+            TestNode { router: node.router(), node, _dir: dir }
         }
     }))
     .await;

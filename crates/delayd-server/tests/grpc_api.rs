@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_client::DelaydClient;
-use delayd_server::api::{self, LEADER_HEADER, NODE_HEADER, WRITTEN_HEADER};
+use delayd_server::grpc::{self as api, LEADER_HEADER, NODE_HEADER, WRITTEN_HEADER};
 use delayd_server::{Config, Node, ServiceError};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;

@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use base64::Engine;
-use delayd_server::{http, Config, Node};
+use delayd_server::{Config, Node};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -151,7 +151,7 @@ impl TestNode {
 
     async fn start_with(config: Config) -> TestNode {
         let (node, dir) = common::start_node(config).await;
-        let client = Client { router: http::router(node.clone()) };
+        let client = Client { router: node.router() };
         TestNode { node, client, _dir: dir }
     }
 

@@ -18,7 +18,7 @@ use axum::Router;
 use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_client::DelaydClient;
 use delayd_server::config::AuthConfig;
-use delayd_server::{http, Config, Node};
+use delayd_server::{Config, Node};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -104,7 +104,7 @@ impl TestNode {
         // Secured as in production: every call, the scrape included, shows the admin token.
         let auth = AuthConfig { admin_token: Some(ADMIN.into()), ..AuthConfig::default() };
         let (node, dir) = common::start_node(Config { auth, ..config }).await;
-        let router = http::router(node.clone());
+        let router = node.router();
         TestNode { node, router, _dir: dir }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use delayd_server::config::HttpLimits;
-use delayd_server::serve::serve_http;
+use delayd_server::http::serve_http;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Notify};

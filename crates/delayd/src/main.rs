@@ -7,8 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use delayd_server::serve::serve_http;
-use delayd_server::{http, Node};
+use delayd_server::Node;
 use settings::Settings;
 use tracing_subscriber::EnvFilter;
 
@@ -64,26 +63,10 @@ async fn main() -> anyhow::Result<()> {
         config_file = ?args.config,
         "effective configuration"
     );
-    let listener = tokio::net::TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.http_addr))?;
     if config.debug_clock {
         tracing::warn!("--debug-clock: /debug/clock can shift this node's clock; test use only");
     }
-    let limits = config.http.clone();
-    let node = Node::start(config).await.context("cannot start the node")?;
-    tracing::info!(addr = %listener.local_addr()?, "serving HTTP");
-
-    // On SIGTERM a leader first hands leadership over while it still serves HTTP (its
-    // clients' writes are forwarded to the new leader meanwhile), so the cluster never waits
-    // out an election; then HTTP stops, then the cluster node.
-    let stepping_down = node.clone();
-    let stop = async move {
-        shutdown_signal().await;
-        stepping_down.cluster().step_down().await;
-    };
-    serve_http(listener, http::router(node.clone()), &limits, stop).await.context("HTTP server")?;
-    node.shutdown().await;
+    Node::run(config, shutdown_signal()).await.context("the node failed")?;
     tracing::info!("stopped");
     Ok(())
 }

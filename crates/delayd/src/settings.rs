@@ -383,7 +383,7 @@ pub fn load_or_create_admin_token(path: &Path) -> anyhow::Result<(String, bool)>
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
-            let token = delayd_server::auth::new_secret();
+            let token = delayd_server::service::auth::new_secret();
             match write_private(path, &format!("{token}\n")) {
                 Ok(()) => Ok((token, true)),
                 // Another node sharing the file made it first: use theirs.

@@ -1,13 +1,21 @@
-//! A request id for every HTTP request: taken from the client's `x-request-id` when it sends
-//! a sensible one (so a trace can cross services), made up otherwise, carried by a tracing
-//! span around the whole request — every log line the request causes names it — and returned
-//! in the response's `x-request-id`.
+//! What every request passes through, outermost first:
+//!
+//! - **a request id** ([`request_id`]): taken from the client's `x-request-id` when it sends
+//!   a sensible one (so a trace can cross services), made up otherwise, carried by a tracing
+//!   span around the whole request — every log line the request causes names it — and
+//!   returned in the response's `x-request-id`;
+//! - **metrics** ([`track`]): every answer counted and timed by route template, refused
+//!   requests (401/403/429) included.
 
-use axum::extract::{MatchedPath, Request};
-use axum::http::HeaderValue;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
+
+use crate::service::Service;
 
 /// The header both ways.
 pub const HEADER: &str = "x-request-id";
@@ -19,8 +27,8 @@ fn acceptable(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// The middleware.
-pub async fn middleware(request: Request, next: Next) -> Response {
+/// The request-id middleware.
+pub(crate) async fn request_id(request: Request, next: Next) -> Response {
     let given =
         request.headers().get(HEADER).and_then(|v| v.to_str().ok()).filter(|v| acceptable(v));
     let id = match given {
@@ -51,6 +59,33 @@ pub async fn middleware(request: Request, next: Next) -> Response {
     if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(HEADER, v);
     }
+    response
+}
+
+/// The method label: the standard methods by name, anything else as `other` (a client can
+/// send any token as a method, and labels must stay bounded).
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::PUT => "PUT",
+        Method::POST => "POST",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// Counts and times requests by route template; requests no route matched are labelled
+/// `unmatched`, so the number of series is bounded by the router.
+pub(crate) async fn track(State(s): State<Service>, request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let method = method_label(request.method());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    s.metrics().http_request(route, method, response.status().as_str(), started.elapsed());
     response
 }
 

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 
-use crate::node::Node;
+use crate::service::Service;
 
 const INDEX_HTML: &str = include_str!("dashboard/index.html");
 const APP_JS: &str = include_str!("dashboard/app.js");
@@ -20,7 +20,7 @@ const STYLE_CSS: &str = include_str!("dashboard/style.css");
 
 /// The dashboard's routes: `/dashboard` (redirects to `/dashboard/`), the page and its script
 /// and style sheet.
-pub fn routes() -> Router<Node> {
+pub fn routes() -> Router<Service> {
     Router::new()
         .route("/dashboard", get(|| async { Redirect::permanent("/dashboard/") }))
         .route("/dashboard/", get(index))

@@ -1,41 +1,49 @@
 //! Who may do what: the admin token, namespace tokens (lmstfy's model) and their rate limits.
 //!
-//! A request shows one credential, as `Authorization: Bearer <t>`, an `X-Token` header or a
-//! `?token=` parameter (lmstfy's SDKs use the last two; gRPC uses the `authorization` or
-//! `x-token` metadata). It is either
-//! - the **admin token** from the node's configuration, which opens everything: the admin
-//!   API, the token API, `/metrics` and every namespace's data plane; or
+//! A caller shows one credential; the front end finds it (an HTTP header or `?token=`, gRPC
+//! metadata) and [`Service::authenticate`] turns it into a [`Principal`]:
+//! - the **admin token** from the node's configuration opens everything: the admin API, the
+//!   token API, `/metrics` and every namespace's data plane;
 //! - a **namespace token**, created through the token API and kept in the replicated state
-//!   (so every node agrees on it), which opens the data plane of its namespace only, within
-//!   its optional per-node read and write rate limits.
+//!   (so every node agrees on it), opens the data plane of its namespace only, within its
+//!   optional per-node read and write rate limits.
 //!
-//! No credential or an unknown one is 401; a namespace token used outside its namespace, or
-//! anywhere but the data plane, is 403; a spent rate limit is 429. With `dev` set (the
-//! `--dev` flag, and nothing else) every request is let through.
+//! Every operation of the service then decides, itself, what it needs ([`Scope`]) and calls
+//! [`Service::authorize`] before it looks at its arguments — so the decision is made once, in
+//! one place, whatever protocol the request came by. No credential or an unknown one is
+//! `Unauthenticated`; a namespace token used outside its namespace, or anywhere but the data
+//! plane, is `Forbidden`; a spent rate limit is `RateLimited`. With `dev` set (the `--dev`
+//! flag, and nothing else) every caller is let through.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use delayd_core::{query, TokenRecord};
 
+use super::Service;
 use crate::config::AuthConfig;
 use crate::error::ServiceError;
-use crate::http::ApiError;
-use crate::node::Node;
 
-/// Whether a data-plane request reads or writes, for the token's rate limits.
+/// Whether a data-plane operation reads or writes, for the token's rate limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     /// Peeks, sizes, stats, lookups: lmstfy counts every GET as a read.
     Read,
     /// Everything else, reserve included: it changes the job.
     Write,
+}
+
+/// What an operation needs from its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope<'a> {
+    /// The admin token: membership, tokens, snapshots, the node's clock.
+    Admin,
+    /// The admin token, or nothing when metrics are public.
+    Metrics,
+    /// The admin token or a token of this namespace, charged to its budget for this access.
+    Namespace(&'a str, Access),
 }
 
 /// The authenticated caller.
@@ -98,10 +106,22 @@ fn looks_like_token(t: &str) -> bool {
     t.len() == 32 && t.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+use delayd_raft::server::same;
+
+/// The credential in a request's headers: `Authorization: Bearer <t>` or `X-Token: <t>`.
+/// HTTP/2 metadata is headers too, so both front ends read it through their own lookup.
+pub fn header_credential<'h>(get: impl Fn(&str) -> Option<&'h str>) -> Option<String> {
+    let header = |name: &str| get(name).map(str::trim);
+    if let Some(t) = header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
+        return Some(t.trim().to_string());
+    }
+    header("x-token").map(str::to_string)
+}
+
 /// The rate limiters of the namespace tokens this node has seen, and the node's catch-ups
 /// for tokens it does not know.
 #[derive(Default)]
-pub struct Auth {
+pub(crate) struct Auth {
     limiters: Mutex<HashMap<String, Limiter>>,
     catch_ups: CatchUps,
 }
@@ -145,8 +165,6 @@ impl Auth {
     }
 }
 
-pub(crate) use delayd_raft::server::same;
-
 /// The read and write budgets of one token on this node.
 #[derive(Default)]
 struct Limiter {
@@ -179,95 +197,12 @@ impl Bucket {
     }
 }
 
-/// The credential a request shows: `Authorization: Bearer`, `X-Token`, or `?token=`.
-pub fn credential(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
-    credential_in(|name| headers.get(name).and_then(|v| v.to_str().ok()), query)
-}
-
-/// [`credential`] over any header lookup: gRPC metadata is HTTP/2 headers, so the client API
-/// reads the same two headers without copying its metadata into a `HeaderMap`.
-pub fn credential_in<'h>(
-    get: impl Fn(&str) -> Option<&'h str>,
-    query: Option<&str>,
-) -> Option<String> {
-    let header = |name: &str| get(name).map(str::trim);
-    if let Some(t) = header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
-        return Some(t.trim().to_string());
-    }
-    if let Some(t) = header("x-token") {
-        return Some(t.to_string());
-    }
-    let query = query?;
-    let pairs: Vec<(String, String)> =
-        axum::extract::Query::try_from_uri(&format!("/?{query}").parse().ok()?).ok()?.0;
-    pairs.into_iter().find(|(k, _)| k == "token").map(|(_, v)| v)
-}
-
-/// What a route needs from the caller.
-#[derive(Debug, PartialEq, Eq)]
-enum Need {
-    /// Nothing: health, the dashboard's static files, unknown routes (they answer 404).
-    Open,
-    /// The admin token.
-    Admin,
-    /// The admin token, or nothing when metrics are public.
-    Metrics,
-    /// The admin token or a token of this namespace.
-    Namespace(String, Access),
-}
-
-fn need(method: &Method, path: &str) -> Need {
-    let mut parts = path.trim_start_matches('/').split('/');
-    match parts.next() {
-        Some("admin" | "token" | "debug") => Need::Admin,
-        Some("metrics") => Need::Metrics,
-        Some("api") => match parts.next() {
-            Some(ns) => {
-                let access = if method == Method::GET || method == Method::HEAD {
-                    Access::Read
-                } else {
-                    Access::Write
-                };
-                // A reserve is a GET in lmstfy's API, yet it takes jobs: a write. Its path is
-                // `/api/{ns}/{queues}` with nothing after the queues.
-                let reserve = access == Access::Read && parts.clone().count() == 1;
-                let access = if reserve { Access::Write } else { access };
-                Need::Namespace(percent_decode(ns), access)
-            }
-            None => Need::Open,
-        },
-        _ => Need::Open,
-    }
-}
-
-/// Decodes `%XX` escapes of a path segment (anything malformed is kept as it is: such a name
-/// is rejected as invalid by the handler anyway).
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, ..) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-impl Node {
+impl Service {
     /// Authenticates a credential: the admin token, or a namespace token from the replicated
     /// state. A token a follower does not know may have just been created on the leader, so
     /// before refusing it the follower catches up with the leader's commit index once.
     pub async fn authenticate(&self, credential: Option<&str>) -> Result<Principal, ServiceError> {
-        let config = &self.inner.config.auth;
+        let config = &self.config().auth;
         if config.dev {
             return Ok(Principal::Dev);
         }
@@ -283,7 +218,7 @@ impl Node {
         // The leader answers a token's creation only once it has applied it, so only a
         // follower can be behind; a miss there costs one read-index round trip. Only for
         // strings shaped like our tokens, so garbage never reaches the leader.
-        if record.is_none() && !self.is_leader() && looks_like_token(token) {
+        if record.is_none() && !self.cluster().is_leader() && looks_like_token(token) {
             self.catch_up_for_token().await.map_err(|e| {
                 ServiceError::Unavailable(format!("cannot check the token with the leader: {e}"))
             })?;
@@ -310,28 +245,35 @@ impl Node {
         self.inner.metrics.token_catch_up();
         // If this future is dropped halfway, `last` keeps the older outcome and the next
         // check in line runs its own catch-up.
-        let outcome = self.read_barrier().await.map_err(|e| e.to_string());
+        let outcome = self.cluster().read_barrier().await.map_err(|e| e.to_string());
         *last = Some((n, outcome.clone()));
         outcome
     }
 
-    /// Checks that `principal` may use `namespace`'s data plane, and takes the request from
-    /// the token's rate limit.
-    pub fn authorize(
+    /// The one authorization decision: may `caller` do what needs `scope`? A namespace
+    /// token's request is taken from its rate limit here.
+    pub(crate) fn authorize(
         &self,
-        principal: &Principal,
-        namespace: &str,
-        access: Access,
+        caller: &Principal,
+        scope: Scope<'_>,
     ) -> Result<(), ServiceError> {
-        match principal {
-            Principal::Dev | Principal::Admin => Ok(()),
-            Principal::Namespace { record, .. } if record.namespace != namespace => {
+        match (caller, scope) {
+            (Principal::Dev | Principal::Admin, _) => Ok(()),
+            (Principal::Namespace { .. }, Scope::Metrics) if self.config().auth.metrics_open() => {
+                Ok(())
+            }
+            (Principal::Namespace { .. }, Scope::Admin | Scope::Metrics) => {
+                Err(ServiceError::Forbidden("this needs the admin token".into()))
+            }
+            (Principal::Namespace { record, .. }, Scope::Namespace(namespace, _))
+                if record.namespace != namespace =>
+            {
                 Err(ServiceError::Forbidden(format!(
                     "the token is for namespace {:?}, not {namespace:?}",
                     record.namespace
                 )))
             }
-            Principal::Namespace { token, record } => {
+            (Principal::Namespace { token, record }, Scope::Namespace(_, access)) => {
                 if self.inner.auth.admit(token, record, access) {
                     Ok(())
                 } else {
@@ -354,51 +296,6 @@ impl Node {
             _ => Err(ServiceError::Unauthenticated("the token was deleted".into())),
         }
     }
-
-    /// Checks that `principal` holds the admin credential.
-    pub fn authorize_admin(&self, principal: &Principal) -> Result<(), ServiceError> {
-        match principal {
-            Principal::Dev | Principal::Admin => Ok(()),
-            Principal::Namespace { .. } => {
-                Err(ServiceError::Forbidden("this needs the admin token".into()))
-            }
-        }
-    }
-}
-
-/// HTTP middleware: every route's credential check, before its handler runs.
-pub async fn middleware(State(node): State<Node>, request: Request, next: Next) -> Response {
-    let need = need(request.method(), request.uri().path());
-    let cred = match need {
-        Need::Open => None,
-        _ => credential(request.headers(), request.uri().query()),
-    };
-    match check(&node, need, cred).await {
-        Ok(()) => next.run(request).await,
-        Err(e) => {
-            let unauthenticated = matches!(e, ServiceError::Unauthenticated(_));
-            let mut response = ApiError(e).into_response();
-            if unauthenticated {
-                response
-                    .headers_mut()
-                    .insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
-            }
-            response
-        }
-    }
-}
-
-async fn check(node: &Node, need: Need, cred: Option<String>) -> Result<(), ServiceError> {
-    match need {
-        Need::Open => Ok(()),
-        Need::Metrics if node.config().auth.metrics_open() => Ok(()),
-        Need::Admin | Need::Metrics => {
-            node.authorize_admin(&node.authenticate(cred.as_deref()).await?)
-        }
-        Need::Namespace(ns, access) => {
-            node.authorize(&node.authenticate(cred.as_deref()).await?, &ns, access)
-        }
-    }
 }
 
 #[cfg(test)]
@@ -407,32 +304,16 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn routes_need_what_they_open() {
-        let ns = |n: &str, a| Need::Namespace(n.to_string(), a);
-        assert_eq!(need(&Method::GET, "/health"), Need::Open);
-        assert_eq!(need(&Method::GET, "/dashboard/app.js"), Need::Open);
-        assert_eq!(need(&Method::GET, "/admin/cluster"), Need::Admin);
-        assert_eq!(need(&Method::POST, "/token/ns1"), Need::Admin);
-        assert_eq!(need(&Method::PUT, "/debug/clock"), Need::Admin);
-        assert_eq!(need(&Method::GET, "/metrics"), Need::Metrics);
-        assert_eq!(need(&Method::PUT, "/api/ns1/q"), ns("ns1", Access::Write));
-        assert_eq!(need(&Method::GET, "/api/ns1/q1,q2"), ns("ns1", Access::Write));
-        // axum answers HEAD with the GET handler: a HEAD on the reserve route takes a job.
-        assert_eq!(need(&Method::HEAD, "/api/ns1/q"), ns("ns1", Access::Write));
-        assert_eq!(need(&Method::GET, "/api/ns1/q/size"), ns("ns1", Access::Read));
-        assert_eq!(need(&Method::GET, "/api/n%73/q/peek"), ns("ns", Access::Read));
-        assert_eq!(need(&Method::DELETE, "/api/ns1/q/job/x"), ns("ns1", Access::Write));
-    }
-
-    #[test]
-    fn credentials_come_from_either_header_or_the_query() {
-        let mut h = HeaderMap::new();
-        assert_eq!(credential(&h, Some("a=1&token=t%2B1")), Some("t+1".into()));
-        assert_eq!(credential(&h, Some("a=1")), None);
-        h.insert("x-token", "x".parse().expect("header"));
-        assert_eq!(credential(&h, Some("token=q")), Some("x".into()));
-        h.insert("authorization", "Bearer b".parse().expect("header"));
-        assert_eq!(credential(&h, None), Some("b".into()));
+    fn credentials_come_from_either_header() {
+        let none = header_credential(|_| None);
+        assert_eq!(none, None);
+        let x = header_credential(|n| (n == "x-token").then_some(" x "));
+        assert_eq!(x, Some("x".into()));
+        let both = header_credential(|n| match n {
+            "authorization" => Some("Bearer b"),
+            _ => Some("x"),
+        });
+        assert_eq!(both, Some("b".into()), "Bearer first");
     }
 
     #[test]

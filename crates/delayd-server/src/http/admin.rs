@@ -1,0 +1,188 @@
+//! The operator's routes: `/health`, `/metrics`, the cluster admin API under `/admin`, and
+//! `/debug/clock` for chaos tests.
+
+use axum::extract::State;
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use delayd_raft::NodeStatus;
+use serde_json::{json, Value};
+
+use super::error::{bad, ApiError};
+use super::extract::{credential, Caller, Params, Path};
+use super::render;
+use crate::service::admin::MemberChange;
+use crate::service::Service;
+
+type ApiResult = Result<Response, ApiError>;
+
+/// `GET /health`: this node's own view, without a credential.
+pub(crate) async fn health(State(s): State<Service>) -> Response {
+    let h = s.health();
+    Json(json!({
+        "node_id": h.id,
+        "state": h.state,
+        "leader": h.leader,
+        "term": h.term,
+        "last_applied": h.last_applied,
+    }))
+    .into_response()
+}
+
+/// `GET /metrics`: every metric of the node in Prometheus' text format.
+pub(crate) async fn metrics(State(s): State<Service>, parts: Parts) -> ApiResult {
+    let text = s.metrics_text(credential(&parts).as_deref()).await?;
+    Ok(([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response())
+}
+
+fn status_json(s: &NodeStatus) -> Value {
+    json!({
+        "id": s.id,
+        "state": s.state,
+        "term": s.term,
+        "leader": s.leader,
+        "last_log_index": s.last_log_index,
+        "last_applied": s.last_applied,
+        "snapshot": s.snapshot,
+        "purged": s.purged,
+    })
+}
+
+/// `GET /admin/cluster`: every member's own view, with its lag.
+pub(crate) async fn cluster(State(s): State<Service>, Caller(caller): Caller) -> ApiResult {
+    let view = s.cluster_view(&caller).await?;
+    let nodes: Vec<Value> = view
+        .members
+        .iter()
+        .map(|m| {
+            let mut v = match &m.status {
+                Ok(status) => status_json(status),
+                Err(e) => json!({"id": m.id, "reachable": false, "error": e.to_string()}),
+            };
+            v["addr"] = json!(m.addr);
+            v["role"] = json!(if m.voter { "voter" } else { "learner" });
+            if m.status.is_ok() {
+                v["reachable"] = json!(true);
+                v["lag"] = json!(m.lag);
+            }
+            if let Some(matched) = m.matched_index {
+                v["matched_index"] = json!(matched);
+            }
+            v
+        })
+        .collect();
+    Ok(Json(json!({
+        "node_id": view.node_id,
+        "leader": view.leader,
+        "term": view.term,
+        "voters": view.voters,
+        "learners": view.learners,
+        "nodes": nodes,
+    }))
+    .into_response())
+}
+
+/// `GET /admin/queues?namespace=&limit=&stale=`: every queue with its counts, sorted by
+/// namespace then queue; `truncated` when `limit` cut the list short.
+pub(crate) async fn queues(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    p: Params,
+) -> ApiResult {
+    let list = s.queues(&caller, p.str("namespace"), p.num("limit")?, p.stale()?).await?;
+    let queues: Vec<Value> =
+        list.queues.iter().map(|(name, meta)| Value::Object(render::queue(name, meta))).collect();
+    Ok(Json(json!({"queues": queues, "truncated": list.truncated})).into_response())
+}
+
+/// A node id from the path or the query.
+fn node_id(s: Option<&str>) -> Result<u64, ApiError> {
+    let s = s.unwrap_or_default();
+    s.trim().parse().map_err(|_| bad(format!("invalid node id {s:?}")))
+}
+
+fn members(voters: std::collections::BTreeSet<u64>) -> Response {
+    Json(json!({"voters": voters})).into_response()
+}
+
+/// `POST /admin/nodes?id=&addr=`: adds a learner.
+pub(crate) async fn add_learner(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    p: Params,
+) -> ApiResult {
+    let id = node_id(p.str("id"))?;
+    let addr = p.str("addr").unwrap_or_default().to_string();
+    Ok(members(s.change_members(&caller, MemberChange::AddLearner { id, addr }).await?))
+}
+
+/// `POST /admin/nodes/{id}/promote`: makes a learner a voter.
+pub(crate) async fn promote(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = node_id(Some(&id))?;
+    Ok(members(s.change_members(&caller, MemberChange::Promote(id)).await?))
+}
+
+/// `DELETE /admin/nodes/{id}`: removes a member.
+pub(crate) async fn remove(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let id = node_id(Some(&id))?;
+    Ok(members(s.change_members(&caller, MemberChange::Remove(id)).await?))
+}
+
+/// `POST /admin/leader?to=N`: hands leadership to voter `N` (without `to`: to the most
+/// caught-up voter) and answers once it leads.
+pub(crate) async fn transfer_leader(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    p: Params,
+) -> ApiResult {
+    let to = p.str("to").map(|id| node_id(Some(id))).transpose()?;
+    let leader = s.transfer_leader(&caller, to).await?;
+    Ok(Json(json!({"leader": leader})).into_response())
+}
+
+/// `POST /admin/snapshot`: triggers a snapshot on this node.
+pub(crate) async fn snapshot(State(s): State<Service>, Caller(caller): Caller) -> ApiResult {
+    s.snapshot(&caller).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"msg": "snapshot triggered"}))).into_response())
+}
+
+/// `GET /admin/digest`: a digest of the replicated state at this node's applied index.
+pub(crate) async fn digest(State(s): State<Service>, Caller(caller): Caller) -> ApiResult {
+    let d = s.digest(&caller)?;
+    Ok(Json(json!({
+        "node_id": s.config().node_id,
+        "applied_index": d.applied_index,
+        "digest": format!("{:016x}", d.digest),
+        "entries": d.entries,
+    }))
+    .into_response())
+}
+
+/// `GET /debug/clock`: this node's clock and its offset from the wall clock.
+pub(crate) async fn clock(State(s): State<Service>, Caller(caller): Caller) -> ApiResult {
+    let (offset, now) = s.clock(&caller)?;
+    Ok(Json(json!({"offset_ms": offset, "now_ms": now})).into_response())
+}
+
+/// `PUT /debug/clock?offset_ms=N`: shifts this node's wall clock by N ms (negative: behind).
+pub(crate) async fn set_clock(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    p: Params,
+) -> ApiResult {
+    let offset = match p.str("offset_ms") {
+        None => return Err(bad("offset_ms is required")),
+        Some(v) => v.parse().map_err(|_| bad("offset_ms must be an integer (ms)"))?,
+    };
+    let (offset, now) = s.set_clock(&caller, offset)?;
+    Ok(Json(json!({"offset_ms": offset, "now_ms": now})).into_response())
+}

@@ -1,0 +1,65 @@
+//! The one place where service errors become HTTP answers: a status code and
+//! `{"error": "..."}`, with `WWW-Authenticate: Bearer` on a 401.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::error::ServiceError;
+
+/// The status code of a service error.
+pub fn status(e: &ServiceError) -> StatusCode {
+    match e {
+        ServiceError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        ServiceError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
+        ServiceError::Conflict(_) => StatusCode::CONFLICT,
+        ServiceError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        ServiceError::Forbidden(_) => StatusCode::FORBIDDEN,
+        ServiceError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+        ServiceError::Unavailable(_) | ServiceError::NotLeader(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// A service error as an HTTP response.
+#[derive(Debug)]
+pub struct ApiError(pub ServiceError);
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status(&self.0);
+        if status.is_server_error() {
+            tracing::warn!(error = %self.0, "request failed");
+        }
+        let mut response = (status, Json(json!({ "error": self.0.to_string() }))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert("www-authenticate", HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// A 400 naming what is wrong.
+pub(crate) fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(ServiceError::bad_request(message))
+}
+
+/// What no route matched.
+pub(crate) async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"error": "api not found"}))).into_response()
+}
+
+/// A route that exists, with another method.
+pub(crate) async fn method_not_allowed() -> Response {
+    (StatusCode::METHOD_NOT_ALLOWED, Json(json!({"error": "method not allowed"}))).into_response()
+}

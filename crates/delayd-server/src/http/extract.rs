@@ -1,0 +1,267 @@
+//! What a handler takes from a request: the caller, names from the path, parameters from the
+//! query string and the body — each refused with a JSON 400 naming what is wrong.
+//!
+//! This is syntax only: a number that does not parse, a name that is not UTF-8. Whether a
+//! value is in range is the service's call (`service/validate.rs`), made after it has
+//! authorized the caller.
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequestParts, Query};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use delayd_core::{Due, JobId, QueueName};
+use serde::de::DeserializeOwned;
+
+use super::error::{bad, ApiError};
+use crate::error::ServiceError;
+use crate::service::auth::header_credential;
+use crate::service::reserve::AckFirst;
+use crate::service::validate::{self, job_id, queue_name};
+use crate::service::{Principal, PublishParams, Service};
+
+/// The credential a request shows: `Authorization: Bearer`, `X-Token`, or `?token=`.
+pub(crate) fn credential(parts: &Parts) -> Option<String> {
+    let headers = &parts.headers;
+    header_credential(|name| headers.get(name).and_then(|v| v.to_str().ok())).or_else(|| {
+        let Query(q) = Query::<HashMap<String, String>>::try_from_uri(&parts.uri).ok()?;
+        q.get("token").cloned()
+    })
+}
+
+/// The authenticated caller. Taken first by every handler that needs one, so a request
+/// without a valid credential is refused before anything else of it is read.
+pub(crate) struct Caller(pub Principal);
+
+impl FromRequestParts<Service> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, service: &Service) -> Result<Self, ApiError> {
+        let credential = credential(parts);
+        Ok(Caller(service.authenticate(credential.as_deref()).await?))
+    }
+}
+
+/// axum's `Path`, rejecting with a JSON error like every other bad parameter (axum's own
+/// rejection is plain text, e.g. for a segment that is not UTF-8).
+pub(crate) struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(t)) => Ok(Path(t)),
+            Err(r) if r.status().is_client_error() => Err(bad(r.body_text())),
+            Err(r) => Err(ApiError(ServiceError::Internal(r.body_text()))),
+        }
+    }
+}
+
+/// The path's named segments.
+async fn segments(parts: &mut Parts) -> Result<HashMap<String, String>, ApiError> {
+    let Path(segments) = Path::<HashMap<String, String>>::from_request_parts(parts, &()).await?;
+    Ok(segments)
+}
+
+/// `/api/{ns}/{q}/...`: a checked queue name.
+pub(crate) struct QueueRef(pub QueueName);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueueRef {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let s = segments(parts).await?;
+        let part = |k: &str| s.get(k).map_or("", String::as_str);
+        Ok(QueueRef(queue_name(part("ns"), part("q"))?))
+    }
+}
+
+/// `/api/{ns}/{q}/job/{id}`: a checked queue name and a parsed job id.
+pub(crate) struct JobRef(pub QueueName, pub JobId);
+
+impl<S: Send + Sync> FromRequestParts<S> for JobRef {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let s = segments(parts).await?;
+        let part = |k: &str| s.get(k).map_or("", String::as_str);
+        Ok(JobRef(queue_name(part("ns"), part("q"))?, job_id(part("id"))?))
+    }
+}
+
+/// Query parameters, parsed on demand with errors that name the parameter.
+pub(crate) struct Params(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        match Query::<HashMap<String, String>>::try_from_uri(&parts.uri) {
+            Ok(Query(q)) => Ok(Params(q)),
+            Err(r) => Err(bad(r.body_text())),
+        }
+    }
+}
+
+impl Params {
+    pub(crate) fn str(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+
+    /// A number, `None` when absent.
+    pub(crate) fn num<T: std::str::FromStr>(&self, name: &str) -> Result<Option<T>, ApiError> {
+        match self.str(name) {
+            None => Ok(None),
+            Some(s) => s.trim().parse().map(Some).map_err(|_| {
+                bad(format!("invalid {name} {s:?}: expected a non-negative integer in range"))
+            }),
+        }
+    }
+
+    /// A time in lmstfy's unit, whole seconds of 32 bits (lmstfy's width).
+    pub(crate) fn secs(&self, name: &str) -> Result<Option<u32>, ApiError> {
+        self.num::<u32>(name)
+    }
+
+    /// A time in lmstfy's unit, as ms.
+    pub(crate) fn secs_as_ms(&self, name: &str) -> Result<Option<u64>, ApiError> {
+        Ok(self.secs(name)?.map(|s| u64::from(s) * 1000))
+    }
+
+    pub(crate) fn flag(&self, name: &str) -> Result<bool, ApiError> {
+        match self.str(name) {
+            None | Some("false") | Some("0") => Ok(false),
+            Some("true") | Some("1") | Some("") => Ok(true),
+            Some(s) => Err(bad(format!("invalid {name} {s:?}: expected true or false"))),
+        }
+    }
+
+    /// `?stale=`: whether a read may be served from this replica without catching up.
+    pub(crate) fn stale(&self) -> Result<bool, ApiError> {
+        self.flag("stale")
+    }
+
+    /// A reservation's lease, in the hex reserve returned, from parameter `name`.
+    fn lease_in(&self, name: &str) -> Result<Option<u64>, ApiError> {
+        match self.str(name) {
+            None => Ok(None),
+            Some(s) => u64::from_str_radix(s, 16)
+                .map(Some)
+                .map_err(|_| bad(format!("invalid {name} {s:?}: expected the token from reserve"))),
+        }
+    }
+
+    /// `?lease=`.
+    pub(crate) fn lease(&self) -> Result<Option<u64>, ApiError> {
+        self.lease_in("lease")
+    }
+
+    /// `ttr` (s) or `ttr_ms`.
+    pub(crate) fn ttr(&self) -> Result<Option<u64>, ApiError> {
+        Ok(validate::ttr(self.secs("ttr")?, self.num("ttr_ms")?)?)
+    }
+
+    /// `delay` (s), `delay_ms` or `at` (unix ms); at most one.
+    pub(crate) fn due(&self) -> Result<Option<Due>, ApiError> {
+        Ok(validate::due(self.secs("delay")?, self.num("delay_ms")?, self.num("at")?)?)
+    }
+
+    /// A reserve's `ack` extension: `ack` (a job id) with its `ack_lease`, in `ack_queue`
+    /// (default: the first queue reserved from), all of namespace `ns`.
+    pub(crate) fn ack_first(
+        &self,
+        ns: &str,
+        queues: &[QueueName],
+    ) -> Result<Option<AckFirst>, ApiError> {
+        let Some(id) = self.str("ack") else {
+            if self.0.contains_key("ack_lease") || self.0.contains_key("ack_queue") {
+                return Err(bad("ack_lease and ack_queue need ack (the job id to ack)"));
+            }
+            return Ok(None);
+        };
+        let id = job_id(id)?;
+        let lease = self.lease_in("ack_lease")?;
+        let queue = match self.str("ack_queue") {
+            Some(q) => queue_name(ns, q)?,
+            None => queues.first().cloned().ok_or_else(|| bad("no queue named"))?,
+        };
+        Ok(Some(AckFirst { queue, id, lease }))
+    }
+
+    /// A publish's parameters, with the service's defaults for what is absent; attributes
+    /// come from `Job-Attr-{Name}` headers.
+    pub(crate) fn publish(&self, headers: &HeaderMap) -> Result<PublishParams, ApiError> {
+        let mut p = PublishParams::default();
+        if let Some(due) = self.due()? {
+            p.due = due;
+        }
+        if let Some(ttl_ms) = self.secs_as_ms("ttl")? {
+            // lmstfy: a ttl of 0 never expires.
+            p.ttl_ms = (ttl_ms > 0).then_some(ttl_ms);
+        }
+        if let Some(tries) = self.num::<u16>("tries")? {
+            p.tries = tries;
+        }
+        if let Some(ttr_ms) = validate::ttr(self.secs("ttr")?, None)? {
+            p.ttr_ms = ttr_ms;
+        }
+        if let Some(priority) = self.num::<u32>("priority")? {
+            p.priority = priority;
+        }
+        p.key = self.str("key").map(str::to_string);
+        p.attributes = attributes(headers)?;
+        Ok(p)
+    }
+}
+
+/// Attributes from `Job-Attr-{Name}` headers.
+fn attributes(headers: &HeaderMap) -> Result<BTreeMap<String, String>, ApiError> {
+    let mut attrs = BTreeMap::new();
+    for (name, value) in headers {
+        if let Some(attr) = name.as_str().strip_prefix("job-attr-") {
+            let value = value
+                .to_str()
+                .map_err(|_| bad(format!("attribute {attr} is not visible ASCII")))?;
+            attrs.insert(attr.to_string(), value.to_string());
+        }
+    }
+    Ok(attrs)
+}
+
+/// A request body read within `limit` bytes (the route's body limit layer enforces it; this
+/// names it in the 413).
+pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Vec<u8>, ApiError> {
+    match body {
+        Ok(b) => Ok(b.to_vec()),
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError(ServiceError::TooLarge(format!(
+                "the request body is larger than the limit of {limit} bytes"
+            ))))
+        }
+        Err(r) => Err(bad(format!("cannot read body: {}", r.body_text()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_come_from_either_header_or_the_query() {
+        let parts = |uri: &str, headers: &[(&str, &str)]| {
+            let mut r = axum::http::Request::builder().uri(uri);
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.body(()).expect("request").into_parts().0
+        };
+        assert_eq!(credential(&parts("/?a=1&token=t%2B1", &[])), Some("t+1".into()));
+        assert_eq!(credential(&parts("/?a=1", &[])), None);
+        assert_eq!(credential(&parts("/?token=q", &[("x-token", "x")])), Some("x".into()));
+        let both = [("x-token", "x"), ("authorization", "Bearer b")];
+        assert_eq!(credential(&parts("/", &both)), Some("b".into()));
+    }
+}

@@ -1,0 +1,238 @@
+//! Producing and consuming: `/api/{ns}/{q}` (publish, reserve), `/bulk`, `/job/{id}` and
+//! `/key/{key}`.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use delayd_core::{Due, Job, Target};
+use serde_json::{json, Value};
+
+use super::error::{bad, ApiError};
+use super::extract::{body, Caller, JobRef, Params, Path, QueueRef};
+use super::render;
+use crate::error::ServiceError;
+use crate::service::jobs::JobUpdate;
+use crate::service::publish::Bulk;
+use crate::service::reserve::ReserveRequest;
+use crate::service::validate::queue_names;
+use crate::service::Service;
+
+type ApiResult = Result<Response, ApiError>;
+
+/// `PUT /api/{ns}/{q}`: publishes the body as one job.
+pub(crate) async fn publish(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    QueueRef(queue): QueueRef,
+    params: Params,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let p = params.publish(&headers)?;
+    let data = body(raw, s.config().max_body_bytes)?;
+    Ok(render::published(s.publish(&caller, queue, &p, data).await?))
+}
+
+/// `PUT /api/{ns}/{q}/bulk`: publishes each element of a JSON array as a job, all or none.
+pub(crate) async fn bulk(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    QueueRef(queue): QueueRef,
+    params: Params,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let p = params.publish(&headers)?;
+    let data = body(raw, s.config().max_request_bytes())?;
+    let published = s.publish_bulk(&caller, queue, &p, Bulk::JsonArray(data), Vec::new()).await?;
+    let ids: Vec<String> = published.iter().map(|p| p.id.to_string()).collect();
+    Ok((StatusCode::CREATED, Json(json!({"msg": "published", "job_ids": ids}))).into_response())
+}
+
+/// `PUT /api/{ns}/{q}/job/{id}`: replaces the job by a new one.
+pub(crate) async fn republish(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    JobRef(queue, old): JobRef,
+    params: Params,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let p = params.publish(&headers)?;
+    let data = body(raw, s.config().max_body_bytes)?;
+    Ok(render::published(s.republish(&caller, queue, old, &p, data).await?))
+}
+
+/// `GET /api/{ns}/{q1,q2,...}`: reserves, long-polling up to `timeout` seconds.
+pub(crate) async fn reserve(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    Path((ns, qs)): Path<(String, String)>,
+    p: Params,
+) -> ApiResult {
+    let queues = queue_names(&ns, qs.split(','))?;
+    let count = p.num::<u32>("count")?.unwrap_or(1);
+    let request = ReserveRequest {
+        ack: p.ack_first(&ns, &queues)?,
+        queues,
+        count,
+        ttr_ms: p.ttr()?,
+        wait: Duration::from_secs(p.num::<u64>("timeout")?.unwrap_or(0)),
+    };
+    let got = s.reserve(&caller, request).await?;
+    // The extension's answer says whether the previous job went; lmstfy's shape otherwise.
+    let with_acked = |mut v: Value| {
+        if let Some(a) = got.acked {
+            v["acked"] = json!(a);
+        }
+        v
+    };
+    if got.deliveries.is_empty() {
+        let v = with_acked(json!({"msg": "no job available"}));
+        return Ok((StatusCode::NOT_FOUND, Json(v)).into_response());
+    }
+    let now = s.now_ms();
+    // lmstfy answers one object for count=1 and an array when more were asked for (the
+    // array has no room for `acked`: it travels in a header as well).
+    let mut resp = match got.deliveries.as_slice() {
+        [one] if count == 1 => Json(with_acked(render::delivery(one, now))).into_response(),
+        all => Json(Value::Array(all.iter().map(|d| render::delivery(d, now)).collect()))
+            .into_response(),
+    };
+    if let Some(a) = got.acked {
+        resp.headers_mut()
+            .insert("delayd-acked", HeaderValue::from_static(if a { "true" } else { "false" }));
+    }
+    Ok(resp)
+}
+
+fn job_answer(s: &Service, job: &Job) -> Response {
+    Json(render::job(job, s.now_ms())).into_response()
+}
+
+/// `DELETE /api/{ns}/{q}/job/{id}`: acks the job.
+pub(crate) async fn ack(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    JobRef(queue, id): JobRef,
+    p: Params,
+) -> ApiResult {
+    s.ack(&caller, queue, id, p.lease()?).await?;
+    Ok(render::no_content())
+}
+
+/// `PUT /api/{ns}/{q}/job/{id}/release`: puts a reserved job back, now or after a delay.
+pub(crate) async fn release(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    JobRef(queue, id): JobRef,
+    p: Params,
+) -> ApiResult {
+    let delay_ms = match p.due()? {
+        None => 0,
+        Some(Due::After(ms)) => ms,
+        Some(Due::At(_)) => return Err(bad("release takes delay or delay_ms, not at")),
+    };
+    let job = s.release(&caller, queue, id, p.lease()?, delay_ms, p.num("priority")?).await?;
+    Ok(job_answer(&s, &job))
+}
+
+/// `PUT /api/{ns}/{q}/job/{id}/touch`: extends the reservation.
+pub(crate) async fn touch(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    JobRef(queue, id): JobRef,
+    p: Params,
+) -> ApiResult {
+    let job = s.touch(&caller, queue, id, p.lease()?, p.ttr()?).await?;
+    Ok(job_answer(&s, &job))
+}
+
+/// `PUT /api/{ns}/{q}/job/{id}/bury`: moves a reserved job to the dead letter.
+pub(crate) async fn bury(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    JobRef(queue, id): JobRef,
+    p: Params,
+) -> ApiResult {
+    let job = s.bury(&caller, queue, id, p.lease()?).await?;
+    Ok(job_answer(&s, &job))
+}
+
+/// `PATCH /api/{ns}/{q}/job/{id}`: changes a pending job's due time, priority or body.
+pub(crate) async fn update(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    JobRef(queue, id): JobRef,
+    p: Params,
+    raw: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let data = body(raw, s.config().max_body_bytes)?;
+    let change = JobUpdate {
+        due: p.due()?,
+        priority: p.num("priority")?,
+        body: (!data.is_empty()).then_some(data),
+    };
+    let job = s.update(&caller, queue, Target::Id(id), change).await?;
+    Ok(job_answer(&s, &job))
+}
+
+fn job_or_404(s: &Service, job: Option<Job>, missing: &str) -> ApiResult {
+    match job {
+        Some(job) => Ok(job_answer(s, &job)),
+        None => Err(ApiError(ServiceError::NotFound(missing.into()))),
+    }
+}
+
+/// `GET /api/{ns}/{q}/job/{id}`: the job, whatever its state.
+pub(crate) async fn peek_job(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    JobRef(queue, id): JobRef,
+    p: Params,
+) -> ApiResult {
+    job_or_404(&s, s.job(&caller, &queue, id, p.stale()?).await?, "job not found")
+}
+
+/// `/api/{ns}/{q}/key/{key}`: the key (the queue comes from [`QueueRef`]).
+#[derive(serde::Deserialize)]
+pub(crate) struct KeyPath {
+    key: String,
+}
+
+/// `GET /api/{ns}/{q}/key/{key}`: the live job holding the key.
+pub(crate) async fn by_key(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    QueueRef(queue): QueueRef,
+    Path(KeyPath { key }): Path<KeyPath>,
+    p: Params,
+) -> ApiResult {
+    job_or_404(&s, s.job_by_key(&caller, &queue, &key, p.stale()?).await?, "job not found")
+}
+
+/// `DELETE /api/{ns}/{q}/key/{key}`: deletes the job holding the key.
+pub(crate) async fn cancel_key(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    QueueRef(queue): QueueRef,
+    Path(KeyPath { key }): Path<KeyPath>,
+) -> ApiResult {
+    s.cancel(&caller, queue, Target::Key(key)).await?;
+    Ok(render::no_content())
+}
+
+/// `GET /api/{ns}/{q}/peek`: the next ready job.
+pub(crate) async fn peek(
+    State(s): State<Service>,
+    Caller(caller): Caller,
+    QueueRef(queue): QueueRef,
+    p: Params,
+) -> ApiResult {
+    job_or_404(&s, s.peek(&caller, &queue, p.stale()?).await?, "the queue is empty")
+}

@@ -1,0 +1,171 @@
+//! One job at a time: ack, release, touch, bury, update and cancel a job, and look one up.
+//!
+//! A `lease` names the reservation the caller holds; with one, only the current holder may
+//! act (a stale lease is a conflict), without one any caller of the namespace may.
+
+use delayd_core::{query, Command, Due, Job, JobId, QueueName, Reply, Target};
+
+use super::auth::{Access, Principal, Scope};
+use super::{unexpected, Service};
+use crate::error::ServiceError;
+
+/// A change to a pending job; at least one field must be set.
+#[derive(Clone, Debug, Default)]
+pub struct JobUpdate {
+    /// A new due time.
+    pub due: Option<Due>,
+    /// A new body.
+    pub body: Option<Vec<u8>>,
+    /// A new priority.
+    pub priority: Option<u32>,
+}
+
+impl Service {
+    fn authorize_job(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        access: Access,
+    ) -> Result<(), ServiceError> {
+        self.authorize(caller, Scope::Namespace(&queue.namespace, access))
+    }
+
+    async fn job_reply(&self, command: Command) -> Result<Job, ServiceError> {
+        match self.write_one(command).await? {
+            Reply::Job(job) => Ok(*job),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Acks (deletes) a job. Returns whether a job was removed.
+    pub async fn ack(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+    ) -> Result<bool, ServiceError> {
+        self.authorize_job(caller, &queue, Access::Write)?;
+        match self.write_one(Command::Ack { queue, id, lease }).await? {
+            Reply::Removed(b) => Ok(b),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// Puts a reserved job back, now or after `delay_ms`, optionally with a new priority.
+    pub async fn release(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        delay_ms: u64,
+        priority: Option<u32>,
+    ) -> Result<Job, ServiceError> {
+        self.authorize_job(caller, &queue, Access::Write)?;
+        self.checks().horizon("delay", delay_ms)?;
+        self.job_reply(Command::Release { queue, id, lease, delay_ms, priority }).await
+    }
+
+    /// Extends a reservation by `ttr_ms` from now (`None`: the job's own ttr).
+    pub async fn touch(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        ttr_ms: Option<u64>,
+    ) -> Result<Job, ServiceError> {
+        self.authorize_job(caller, &queue, Access::Write)?;
+        if let Some(ttr) = ttr_ms {
+            self.checks().horizon("ttr", ttr)?;
+        }
+        self.job_reply(Command::Touch { queue, id, lease, ttr_ms }).await
+    }
+
+    /// Buries a reserved job in the dead letter.
+    pub async fn bury(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        id: JobId,
+        lease: Option<u64>,
+    ) -> Result<Job, ServiceError> {
+        self.authorize_job(caller, &queue, Access::Write)?;
+        self.job_reply(Command::Bury { queue, id, lease }).await
+    }
+
+    /// Changes a pending job.
+    pub async fn update(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        target: Target,
+        change: JobUpdate,
+    ) -> Result<Job, ServiceError> {
+        self.authorize_job(caller, &queue, Access::Write)?;
+        let JobUpdate { due, body, priority } = change;
+        if due.is_none() && priority.is_none() && body.is_none() {
+            return Err(ServiceError::bad_request(
+                "nothing to update: give delay, delay_ms, at, priority or a body",
+            ));
+        }
+        let checks = self.checks();
+        if let Some(body) = &body {
+            checks.body(body)?;
+        }
+        if let Some(due) = due {
+            checks.due(due)?;
+        }
+        self.job_reply(Command::Update { queue, target, due, body, priority }).await
+    }
+
+    /// Deletes a job by id or key; returns whether one was removed.
+    pub async fn cancel(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        target: Target,
+    ) -> Result<bool, ServiceError> {
+        self.authorize_job(caller, &queue, Access::Write)?;
+        match self.write_one(Command::Cancel { queue, target }).await? {
+            Reply::Removed(b) => Ok(b),
+            r => Err(unexpected(r)),
+        }
+    }
+
+    /// One job by id.
+    pub async fn job(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        id: JobId,
+        stale: bool,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.authorize_job(caller, queue, Access::Read)?;
+        self.read(stale, |v| query::job(v, queue, id)).await
+    }
+
+    /// The live job holding a key.
+    pub async fn job_by_key(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        key: &str,
+        stale: bool,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.authorize_job(caller, queue, Access::Read)?;
+        self.read(stale, |v| query::job_by_key(v, queue, key)).await
+    }
+
+    /// The next ready job.
+    pub async fn peek(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        stale: bool,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.authorize_job(caller, queue, Access::Read)?;
+        self.read(stale, |v| query::peek_ready(v, queue)).await
+    }
+}

@@ -1,0 +1,251 @@
+//! Reserving: taking ready jobs under a lease, waiting for them with a long-poll, and
+//! acking the previous job in the same round trip.
+//!
+//! A reserve that finds nothing parks on the [`super::waiters`] of its queues, which the
+//! apply path wakes when an entry makes jobs ready there. Deliveries whose caller has gone
+//! by the time the entry commits are released at once, never left leased for their ttr.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use delayd_core::{query, Command, Delivery, JobId, Outcome, QueueName, Reply};
+use futures::future::select_all;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::auth::{Access, Principal, Scope};
+use super::validate::{MAX_RESERVE_COUNT, MAX_WAIT};
+use super::{unexpected, Service};
+use crate::error::ServiceError;
+
+/// What a consumer asks for.
+#[derive(Clone, Debug)]
+pub struct ReserveRequest {
+    /// The queues to take from, in order of preference, all of one namespace.
+    pub queues: Vec<QueueName>,
+    /// Most jobs to take, 1..=[`MAX_RESERVE_COUNT`].
+    pub count: u32,
+    /// The reservation's time to run; `None`: each job's own.
+    pub ttr_ms: Option<u64>,
+    /// How long to wait for a job when none is ready, at most [`MAX_WAIT`].
+    pub wait: Duration,
+    /// The consumer's previous job, acked in the same log entry as the first attempt.
+    pub ack: Option<AckFirst>,
+}
+
+/// The job a consumer acks on its next reserve.
+#[derive(Clone, Debug)]
+pub struct AckFirst {
+    /// Its queue.
+    pub queue: QueueName,
+    /// The job.
+    pub id: JobId,
+    /// The lease of its reservation; `None` acks whoever holds it.
+    pub lease: Option<u64>,
+}
+
+/// What a reserve got.
+#[derive(Clone, Debug, Default)]
+pub struct Reserved {
+    /// Whether the acked job was removed; `None` when no ack was asked for. A lease that is
+    /// no longer the job's acks nothing and answers `false`, as a plain ack would answer its
+    /// conflict.
+    pub acked: Option<bool>,
+    /// The jobs now leased to the caller.
+    pub deliveries: Vec<Delivery>,
+}
+
+impl Service {
+    /// Reserves up to `count` jobs from the queues in order, waiting up to `wait` for one,
+    /// after acking the consumer's previous job when `ack` names one: the ack rides in the
+    /// same log entry as the first reserve attempt, so a consumer that acks and reserves
+    /// makes one round trip and costs one entry instead of two. The ack happens even when
+    /// nothing is ready.
+    pub async fn reserve(
+        &self,
+        caller: &Principal,
+        request: ReserveRequest,
+    ) -> Result<Reserved, ServiceError> {
+        let ReserveRequest { queues, count, ttr_ms, wait, ack } = request;
+        let Some(namespace) = queues.first().map(|q| q.namespace.as_str()) else {
+            return Err(ServiceError::bad_request("no queue named"));
+        };
+        self.authorize(caller, Scope::Namespace(namespace, Access::Write))?;
+        if queues.iter().chain(ack.as_ref().map(|a| &a.queue)).any(|q| q.namespace != namespace) {
+            return Err(ServiceError::bad_request("a reserve's queues are of one namespace"));
+        }
+        if count == 0 || count > MAX_RESERVE_COUNT {
+            return Err(ServiceError::bad_request(format!(
+                "count must be 1 to {MAX_RESERVE_COUNT}"
+            )));
+        }
+        if wait > MAX_WAIT {
+            return Err(ServiceError::bad_request("timeout must be at most 600 s"));
+        }
+        if let Some(ttr) = ttr_ms {
+            self.checks().horizon("ttr", ttr)?;
+        }
+        let deadline = Instant::now() + wait;
+        // Forget the subscriptions however this ends, a dropped request included.
+        let guard = WaitGuard {
+            service: self,
+            queues: &queues,
+            notifies: queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect(),
+        };
+        let notifies = &guard.notifies;
+        let mut ack = ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease });
+        let mut acked = None;
+        // The first attempt always goes to the leader, which answers "nothing ready" from its
+        // own (current) state without a log entry, so a follower needs no read-index round
+        // trip first. Later attempts follow this replica's wake-ups: a job made ready anywhere
+        // reaches every replica's waiters when the replica applies it.
+        let mut ask_leader = true;
+        loop {
+            // Register before trying, so a job made ready in between still wakes us.
+            let mut woken: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            for w in &mut woken {
+                w.as_mut().enable();
+            }
+            let attempt =
+                ask_leader || self.read(true, |v| query::anything_ready(v, &queues)).await?;
+            ask_leader = false;
+            if attempt {
+                let reserve = Command::Reserve {
+                    queues: queues.clone(),
+                    count,
+                    ttr_ms,
+                    lease_seed: rand::random(),
+                };
+                let commands = match ack.take() {
+                    Some(a) => vec![a, reserve],
+                    None => vec![reserve],
+                };
+                let got = self.reserve_once(commands).await?;
+                acked = acked.or(got.acked);
+                if !got.deliveries.is_empty() || Instant::now() >= deadline {
+                    return Ok(Reserved { acked, deliveries: got.deliveries });
+                }
+            } else if Instant::now() >= deadline {
+                return Ok(Reserved { acked, deliveries: Vec::new() });
+            }
+            tokio::select! {
+                _ = select_all(woken) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Opens a subscription for a consumer that will reserve from `queues` again and again
+    /// (a stream): authorizes the caller (one write of its budget, as a reserve) and checks
+    /// the queues and ttr once, so a bad subscription is refused before it starts. Each
+    /// reserve it then makes is authorized again.
+    pub fn subscribe(
+        &self,
+        caller: &Principal,
+        queues: &[QueueName],
+        ttr_ms: Option<u64>,
+    ) -> Result<(), ServiceError> {
+        let Some(namespace) = queues.first().map(|q| q.namespace.as_str()) else {
+            return Err(ServiceError::bad_request("no queue named"));
+        };
+        self.authorize(caller, Scope::Namespace(namespace, Access::Write))?;
+        if let Some(ttr) = ttr_ms {
+            self.checks().horizon("ttr", ttr)?;
+        }
+        Ok(())
+    }
+
+    /// Proposes one reserve (after an ack, when `commands` holds two) in a task of its own,
+    /// so that deliveries whose caller has gone (the client disconnected, the request was
+    /// dropped) while the entry was being committed are released at once instead of staying
+    /// leased for their ttr — with one try left they would otherwise go to the dead letter
+    /// without ever being handed out.
+    async fn reserve_once(&self, commands: Vec<Command>) -> Result<Reserved, ServiceError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let service = self.clone();
+        tokio::spawn(async move {
+            let got = match service.write(commands).await {
+                Ok(outcomes) => reserved(outcomes),
+                Err(e) => Err(e),
+            };
+            // The caller went away before the outcome: nobody will deliver these.
+            if let Err(Ok(undelivered)) = tx.send(got) {
+                service.return_deliveries(undelivered.deliveries).await;
+            }
+        });
+        let mut outcome = ReserveOutcome { rx: Some(rx), service: self };
+        let rx = outcome.rx.as_mut().ok_or_else(|| ServiceError::Internal("no receiver".into()))?;
+        let got = rx.await.map_err(|_| ServiceError::Internal("the reserve task ended".into()));
+        outcome.rx = None;
+        got?
+    }
+
+    /// Puts back deliveries that never reached their consumer: released at once with their
+    /// lease (so a consumer that did get one can still tell), best effort — whatever fails
+    /// here comes back when its ttr runs out. The caller was authorized when it reserved them.
+    pub async fn return_deliveries(&self, deliveries: Vec<Delivery>) {
+        if deliveries.is_empty() {
+            return;
+        }
+        let n = deliveries.len();
+        let commands = deliveries
+            .into_iter()
+            .map(|d| Command::Release {
+                queue: d.job.queue,
+                id: d.job.id,
+                lease: Some(d.lease),
+                delay_ms: 0,
+                priority: None,
+            })
+            .collect();
+        match self.write(commands).await {
+            Ok(_) => tracing::debug!(jobs = n, "released deliveries nobody received"),
+            Err(e) => tracing::warn!(jobs = n, error = %e, "cannot release undelivered jobs"),
+        }
+    }
+}
+
+/// The outcomes of a reserve, possibly after an ack: whether the ack removed its job, and
+/// the deliveries. A rejected ack (its lease is no longer the job's) removed nothing.
+fn reserved(mut outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
+    // The reserve comes last, after the ack when there is one.
+    let outcome = outcomes.pop().ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
+    let acked = outcomes.pop().map(|ack| matches!(ack, Ok(Reply::Removed(true))));
+    match outcome? {
+        Reply::Reserved(deliveries) => Ok(Reserved { acked, deliveries }),
+        r => Err(unexpected(r)),
+    }
+}
+
+/// The receiving end of a reserve's outcome. Dropped before it was read (the caller went
+/// away), it closes the channel and returns whatever arrived in the meantime: together with
+/// the sender's check, no outcome can fall between the two.
+struct ReserveOutcome<'a> {
+    rx: Option<tokio::sync::oneshot::Receiver<Result<Reserved, ServiceError>>>,
+    service: &'a Service,
+}
+
+impl Drop for ReserveOutcome<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        rx.close();
+        if let Ok(Ok(undelivered)) = rx.try_recv() {
+            let service = self.service.clone();
+            tokio::spawn(async move { service.return_deliveries(undelivered.deliveries).await });
+        }
+    }
+}
+
+/// Releases a reserve's waiter subscriptions when the reserve ends or is dropped.
+struct WaitGuard<'a> {
+    service: &'a Service,
+    queues: &'a [QueueName],
+    notifies: Vec<Arc<Notify>>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.notifies.clear();
+        self.service.inner.waiters.release(self.queues);
+    }
+}
