@@ -140,13 +140,11 @@ impl Config {
                 self.max_body_bytes, self.max_entry_bytes
             ));
         }
-        if self.max_horizon.is_zero()
-            || self.max_horizon > crate::service::validate::MAX_HORIZON_LIMIT
-        {
+        if self.max_horizon.is_zero() || self.max_horizon > MAX_HORIZON_LIMIT {
             return Err(format!(
                 "max_horizon_s ({}) must be 1 to {} (lmstfy's 32-bit seconds)",
                 self.max_horizon.as_secs(),
-                crate::service::validate::MAX_HORIZON_LIMIT.as_secs()
+                MAX_HORIZON_LIMIT.as_secs()
             ));
         }
         self.http.validate()
@@ -184,6 +182,8 @@ impl Config {
     }
 }
 
+/// The outer bound of the `max_horizon` setting: lmstfy's parameters are 32-bit seconds.
+pub const MAX_HORIZON_LIMIT: Duration = Duration::from_secs(u32::MAX as u64);
 /// Smallest `max_entry_bytes`.
 pub const MIN_ENTRY_BYTES: usize = 64 * 1024;
 /// Largest `max_entry_bytes`: a quarter of the transport's message limit, so a replication
@@ -195,7 +195,7 @@ pub const MESSAGE_FRAMING_BYTES: usize = 64 << 10;
 /// Room a job needs in an entry beside its body: the largest attributes and key allowed, and
 /// the command's own fields.
 pub const JOB_OVERHEAD_BYTES: usize = 32 * 1024;
-/// Bounds on the HTTP API's connections, enforced by [`crate::http::serve_http`]: a client
+/// Bounds on the HTTP API's connections, enforced by `http/serve.rs`: a client
 /// can hold a connection only while it is sending a request promptly, has one in flight, or
 /// has been idle for less than `idle_timeout`; and only `max_connections` at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,7 +207,7 @@ pub struct HttpLimits {
     /// has its request in flight however long it waits, so it is never cut by this.
     pub idle_timeout: Duration,
     /// Most connections served at once; further ones wait in the kernel's accept backlog
-    /// until one closes (see [`crate::http::serve`]).
+    /// until one closes (see `http/serve.rs`).
     pub max_connections: usize,
 }
 

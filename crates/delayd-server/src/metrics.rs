@@ -341,7 +341,7 @@ impl Metrics {
         self.grpc_seconds.with_label_values(&[method]).observe(took.as_secs_f64());
     }
 
-    /// Counts one catch-up with the leader for unknown tokens ([`crate::auth`]).
+    /// Counts one catch-up with the leader for unknown tokens (see `service/auth.rs`).
     pub fn token_catch_up(&self) {
         self.token_catch_ups.inc();
     }

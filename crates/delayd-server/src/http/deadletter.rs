@@ -38,9 +38,8 @@ pub(crate) async fn size(
     QueueRef(queue): QueueRef,
     p: Params,
 ) -> ApiResult {
-    let size = s.queue_meta(&caller, &queue, p.stale()?).await?.count(JobState::Dead);
-    Ok(Json(json!({"namespace": queue.namespace, "queue": queue.queue, "size": size}))
-        .into_response())
+    let meta = s.queue_meta(&caller, &queue, p.stale()?).await?;
+    Ok(render::size(&queue, meta.count(JobState::Dead)))
 }
 
 /// `GET /api/{ns}/{q}/deadletter/jobs?limit=`: the oldest dead jobs.

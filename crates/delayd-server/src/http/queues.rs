@@ -21,9 +21,7 @@ pub(crate) async fn size(
     p: Params,
 ) -> ApiResult {
     let meta = s.queue_meta(&caller, &queue, p.stale()?).await?;
-    let size = meta.count(JobState::Ready);
-    Ok(Json(json!({"namespace": queue.namespace, "queue": queue.queue, "size": size}))
-        .into_response())
+    Ok(render::size(&queue, meta.count(JobState::Ready)))
 }
 
 /// `GET /api/{ns}/{q}/stats`: counts per state, the head's age and when delayed jobs come due.

@@ -55,6 +55,11 @@ pub(crate) fn queue(name: &QueueName, meta: &QueueMeta) -> Map<String, Value> {
     v
 }
 
+/// A queue's size in lmstfy's shape (ready jobs, or the dead letter's).
+pub(crate) fn size(queue: &QueueName, size: u64) -> Response {
+    Json(json!({"namespace": queue.namespace, "queue": queue.queue, "size": size})).into_response()
+}
+
 /// 201 with the new job's id, or 200 when its key named a job that already existed.
 pub(crate) fn published(r: Published) -> Response {
     if r.existed {

@@ -46,6 +46,13 @@ pub(crate) enum Scope<'a> {
     Namespace(&'a str, Access),
 }
 
+impl<'a> Scope<'a> {
+    /// The data plane of `queue`'s namespace.
+    pub(crate) fn queue(queue: &'a delayd_core::QueueName, access: Access) -> Scope<'a> {
+        Scope::Namespace(&queue.namespace, access)
+    }
+}
+
 /// The authenticated caller.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Principal {

@@ -21,15 +21,6 @@ pub struct JobUpdate {
 }
 
 impl Service {
-    fn authorize_job(
-        &self,
-        caller: &Principal,
-        queue: &QueueName,
-        access: Access,
-    ) -> Result<(), ServiceError> {
-        self.authorize(caller, Scope::Namespace(&queue.namespace, access))
-    }
-
     async fn job_reply(&self, command: Command) -> Result<Job, ServiceError> {
         match self.write_one(command).await? {
             Reply::Job(job) => Ok(*job),
@@ -45,7 +36,7 @@ impl Service {
         id: JobId,
         lease: Option<u64>,
     ) -> Result<bool, ServiceError> {
-        self.authorize_job(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         match self.write_one(Command::Ack { queue, id, lease }).await? {
             Reply::Removed(b) => Ok(b),
             r => Err(unexpected(r)),
@@ -62,7 +53,7 @@ impl Service {
         delay_ms: u64,
         priority: Option<u32>,
     ) -> Result<Job, ServiceError> {
-        self.authorize_job(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         self.checks().horizon("delay", delay_ms)?;
         self.job_reply(Command::Release { queue, id, lease, delay_ms, priority }).await
     }
@@ -76,7 +67,7 @@ impl Service {
         lease: Option<u64>,
         ttr_ms: Option<u64>,
     ) -> Result<Job, ServiceError> {
-        self.authorize_job(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         if let Some(ttr) = ttr_ms {
             self.checks().horizon("ttr", ttr)?;
         }
@@ -91,7 +82,7 @@ impl Service {
         id: JobId,
         lease: Option<u64>,
     ) -> Result<Job, ServiceError> {
-        self.authorize_job(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         self.job_reply(Command::Bury { queue, id, lease }).await
     }
 
@@ -103,7 +94,7 @@ impl Service {
         target: Target,
         change: JobUpdate,
     ) -> Result<Job, ServiceError> {
-        self.authorize_job(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         let JobUpdate { due, body, priority } = change;
         if due.is_none() && priority.is_none() && body.is_none() {
             return Err(ServiceError::bad_request(
@@ -127,7 +118,7 @@ impl Service {
         queue: QueueName,
         target: Target,
     ) -> Result<bool, ServiceError> {
-        self.authorize_job(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         match self.write_one(Command::Cancel { queue, target }).await? {
             Reply::Removed(b) => Ok(b),
             r => Err(unexpected(r)),
@@ -142,7 +133,7 @@ impl Service {
         id: JobId,
         stale: bool,
     ) -> Result<Option<Job>, ServiceError> {
-        self.authorize_job(caller, queue, Access::Read)?;
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
         self.read(stale, |v| query::job(v, queue, id)).await
     }
 
@@ -154,7 +145,7 @@ impl Service {
         key: &str,
         stale: bool,
     ) -> Result<Option<Job>, ServiceError> {
-        self.authorize_job(caller, queue, Access::Read)?;
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
         self.read(stale, |v| query::job_by_key(v, queue, key)).await
     }
 
@@ -165,7 +156,7 @@ impl Service {
         queue: &QueueName,
         stale: bool,
     ) -> Result<Option<Job>, ServiceError> {
-        self.authorize_job(caller, queue, Access::Read)?;
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
         self.read(stale, |v| query::peek_ready(v, queue)).await
     }
 }

@@ -1,6 +1,6 @@
 //! Publishing: one job, a bulk of jobs in one entry, or a job replacing another.
 
-use delayd_core::{Command, JobId, QueueName, Reply};
+use delayd_core::{Command, JobId, NewJob, QueueName, Reply};
 use futures::future::join_all;
 
 use super::auth::{Access, Principal, Scope};
@@ -45,11 +45,7 @@ impl Service {
         params: &PublishParams,
         body: Vec<u8>,
     ) -> Result<Published, ServiceError> {
-        self.authorize(caller, Scope::Namespace(&queue.namespace, Access::Write))?;
-        let checks = self.checks();
-        checks.publish(params)?;
-        checks.body(&body)?;
-        let job = new_job(params, body);
+        let job = self.checked_job(caller, &queue, params, body)?;
         published(self.write_one(Command::Publish { queue, job }).await?)
     }
 
@@ -65,7 +61,7 @@ impl Service {
         bulk: Bulk,
         keys: Vec<String>,
     ) -> Result<Vec<Published>, ServiceError> {
-        self.authorize(caller, Scope::Namespace(&queue.namespace, Access::Write))?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         let bodies = match bulk {
             Bulk::Bodies(bodies) => bodies,
             Bulk::JsonArray(data) => split_json_array(&data)?,
@@ -137,11 +133,22 @@ impl Service {
         params: &PublishParams,
         body: Vec<u8>,
     ) -> Result<Published, ServiceError> {
-        self.authorize(caller, Scope::Namespace(&queue.namespace, Access::Write))?;
+        let job = self.checked_job(caller, &queue, params, body)?;
+        published(self.write_one(Command::Republish { queue, old, job }).await?)
+    }
+
+    /// A new job for `queue`, once the caller may write there and the job is within bounds.
+    fn checked_job(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        params: &PublishParams,
+        body: Vec<u8>,
+    ) -> Result<NewJob, ServiceError> {
+        self.authorize(caller, Scope::queue(queue, Access::Write))?;
         let checks = self.checks();
         checks.publish(params)?;
         checks.body(&body)?;
-        let job = new_job(params, body);
-        published(self.write_one(Command::Republish { queue, old, job }).await?)
+        Ok(new_job(params, body))
     }
 }

@@ -48,15 +48,6 @@ pub struct QueueList {
 }
 
 impl Service {
-    fn authorize_queue(
-        &self,
-        caller: &Principal,
-        queue: &QueueName,
-        access: Access,
-    ) -> Result<(), ServiceError> {
-        self.authorize(caller, Scope::Namespace(&queue.namespace, access))
-    }
-
     /// Runs a bulk operation as a sequence of bounded commands: `command(n)` asks for at
     /// most `n` more jobs, until `total` jobs are done or a command reports nothing more.
     async fn chunked(
@@ -88,7 +79,7 @@ impl Service {
         queue: &QueueName,
         stale: bool,
     ) -> Result<QueueMeta, ServiceError> {
-        self.authorize_queue(caller, queue, Access::Read)?;
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
         self.read(stale, |v| query::queue_meta(v, queue)).await
     }
 
@@ -99,7 +90,7 @@ impl Service {
         queue: &QueueName,
         stale: bool,
     ) -> Result<Stats, ServiceError> {
-        self.authorize_queue(caller, queue, Access::Read)?;
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
         let now = self.now_ms();
         self.read(stale, |v| {
             let meta = query::queue_meta(v, queue)?;
@@ -139,7 +130,7 @@ impl Service {
         queue: QueueName,
         paused: bool,
     ) -> Result<(), ServiceError> {
-        self.authorize_queue(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         self.write_one(Command::SetPaused { queue, paused }).await.map(|_| ())
     }
 
@@ -151,7 +142,7 @@ impl Service {
         queue: QueueName,
         all: bool,
     ) -> Result<u64, ServiceError> {
-        self.authorize_queue(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         let meta = self.read(false, |v| query::queue_meta(v, &queue)).await?;
         let held = if all { meta.counts.iter().sum::<u64>() } else { meta.count(JobState::Ready) };
         // At least one command, so a destroy of an empty queue still goes through the log.
@@ -166,7 +157,7 @@ impl Service {
         limit: Option<u64>,
         stale: bool,
     ) -> Result<DeadLetter, ServiceError> {
-        self.authorize_queue(caller, queue, Access::Read)?;
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
         let limit = DEAD_JOBS_LIMIT.check(limit)? as usize;
         self.read(stale, |v| {
             let size = query::queue_meta(v, queue)?.count(JobState::Dead);
@@ -184,7 +175,7 @@ impl Service {
         limit: Option<u64>,
         ttl_ms: Option<u64>,
     ) -> Result<u64, ServiceError> {
-        self.authorize_queue(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         let limit = DEAD_LETTER_BATCH.check(limit)?;
         let ttl_ms = match ttl_ms {
             None => Some(DEFAULT_TTL_MS),
@@ -204,7 +195,7 @@ impl Service {
         queue: QueueName,
         limit: Option<u64>,
     ) -> Result<u64, ServiceError> {
-        self.authorize_queue(caller, &queue, Access::Write)?;
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         let limit = DEAD_LETTER_BATCH.check(limit)?;
         self.chunked(limit, |limit| Command::Purge { queue: queue.clone(), limit }).await
     }

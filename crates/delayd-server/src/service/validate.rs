@@ -21,8 +21,6 @@ pub const MAX_ATTRIBUTE_NAME_BYTES: usize = 64;
 pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 1024;
 /// Longest client key, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
-/// The outer bound of the `max_horizon` setting: lmstfy's parameters are 32-bit seconds.
-pub const MAX_HORIZON_LIMIT: Duration = Duration::from_secs(u32::MAX as u64);
 /// Most jobs one respawn or purge may name (it runs in chunks of
 /// [`delayd_core::limits::MAX_JOBS_PER_COMMAND`]).
 pub const MAX_DEAD_LETTER_LIMIT: u32 = 10_000;
