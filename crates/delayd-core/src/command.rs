@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::kv::{KvError, KvRead};
-use crate::model::{Job, JobId, QueueName};
+use crate::model::{Job, JobId, QueueName, Webhook};
 
 /// One Raft log entry: a batch of commands applied in order at one leader timestamp.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,6 +223,35 @@ pub enum Command {
         /// Bound on the work one entry does.
         limit: u32,
     },
+    /// Set a queue's webhook (push delivery), replacing any; `Replaced(bool)` says whether
+    /// one was replaced.
+    SetWebhook {
+        /// The queue.
+        queue: QueueName,
+        /// What to call and how.
+        webhook: Webhook,
+    },
+    /// Remove a queue's webhook: the queue is pull-only again. `Removed(false)` when it had
+    /// none.
+    DeleteWebhook {
+        /// The queue.
+        queue: QueueName,
+    },
+    /// A delivery failed (a push that was refused, timed out or could not connect): the
+    /// reserved job records `error` (attribute [`crate::model::LAST_ERROR_ATTRIBUTE`]) and
+    /// goes back after `delay_ms` while tries remain, else to the dead letter.
+    Fail {
+        /// The job's queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// The reservation that failed; only its holder may fail it.
+        lease: Option<u64>,
+        /// What went wrong, for whoever looks at the job next.
+        error: String,
+        /// Backoff before the next try.
+        delay_ms: u64,
+    },
 }
 
 impl Command {
@@ -273,6 +302,11 @@ impl Command {
                 }
                 Command::DeleteToken { namespace, token } => namespace.len() + token.len(),
                 Command::Tick { .. } => 0,
+                Command::SetWebhook { queue: q, webhook: w } => {
+                    queue(q) + w.url.len() + w.secret.len()
+                }
+                Command::DeleteWebhook { queue: q } => queue(q),
+                Command::Fail { queue: q, error, .. } => queue(q) + error.len(),
             }
     }
 }
@@ -346,6 +380,8 @@ pub enum Reply {
     },
     /// Nothing to report.
     Done,
+    /// A setting was stored; `true` when it replaced one.
+    Replaced(bool),
 }
 
 /// A command's result.

@@ -60,6 +60,16 @@ pub fn token(token: &str) -> Vec<u8> {
     k
 }
 
+/// Prefix of the queues' webhooks in the Meta column family.
+pub const WEBHOOK_PREFIX: &[u8] = b"webhook/";
+
+/// Meta key of a queue's webhook.
+pub fn webhook(q: &QueueName) -> Vec<u8> {
+    let mut k = WEBHOOK_PREFIX.to_vec();
+    k.extend(queue(q));
+    k
+}
+
 /// What a timer entry fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]

@@ -21,7 +21,9 @@ use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, 
 use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_SEQ};
 use crate::kv::{Cf, KvError, KvRead, Overlay};
 use crate::limits::{MAX_JOBS_PER_COMMAND, MAX_RESERVE_BYTES, MAX_WORK_BYTES_PER_COMMAND};
-use crate::model::{Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecord};
+use crate::model::{
+    Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecord, LAST_ERROR_ATTRIBUTE,
+};
 
 /// How long a finished job's client key still dedups publishes.
 pub const DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
@@ -46,6 +48,8 @@ pub struct Effects {
     /// Namespace tokens the batch deleted, so each node can drop what it keeps beside the
     /// replicated state (their rate limiters).
     pub deleted_tokens: Vec<String>,
+    /// Whether the batch set or removed a webhook: the dispatcher looks at them again.
+    pub webhooks_changed: bool,
 }
 
 /// How many jobs of one queue went through each transition in an applied batch.
@@ -99,6 +103,7 @@ impl Effects {
         }
         self.timer_lateness_ms.extend(other.timer_lateness_ms);
         self.deleted_tokens.extend(other.deleted_tokens);
+        self.webhooks_changed |= other.webhooks_changed;
     }
 
     /// Counts `n` jobs made ready in `queue`.
@@ -202,6 +207,25 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 self.release(queue, *id, *lease, *delay_ms, *priority)
             }
             Command::Touch { queue, id, lease, ttr_ms } => self.touch(queue, *id, *lease, *ttr_ms),
+            Command::Fail { queue, id, lease, error, delay_ms } => {
+                self.fail(queue, *id, *lease, error, *delay_ms)
+            }
+            Command::SetWebhook { queue, webhook } => {
+                let key = keys::webhook(queue);
+                let replaced = self.kv.get(Cf::Meta, &key)?.is_some();
+                self.kv.put(Cf::Meta, key, encode(webhook));
+                self.effects.webhooks_changed = true;
+                Ok(Ok(Reply::Replaced(replaced)))
+            }
+            Command::DeleteWebhook { queue } => {
+                let key = keys::webhook(queue);
+                let existed = self.kv.get(Cf::Meta, &key)?.is_some();
+                if existed {
+                    self.kv.delete(Cf::Meta, key);
+                    self.effects.webhooks_changed = true;
+                }
+                Ok(Ok(Reply::Removed(existed)))
+            }
             Command::Bury { queue, id, lease } => {
                 let mut job = match self.leased(queue, *id, *lease)? {
                     Ok(job) => job,
@@ -404,6 +428,36 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         self.unindex(&job)?;
         job.lease = None;
         job.priority = priority.unwrap_or(job.priority);
+        job.due_ms = due_ms;
+        job.state = if delay_ms == 0 { JobState::Ready } else { JobState::Delayed };
+        self.index(&mut job)?;
+        self.effects.count(queue, |e| &mut e.released);
+        Ok(Ok(Reply::Job(Box::new(job))))
+    }
+
+    /// A failed delivery: recorded on the job, which goes back after `delay_ms` while it has
+    /// tries left and to the dead letter after its last.
+    fn fail(
+        &mut self,
+        queue: &QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        error: &str,
+        delay_ms: u64,
+    ) -> Result<Outcome, KvError> {
+        let mut job = match self.leased(queue, id, lease)? {
+            Ok(job) => job,
+            Err(r) => return Ok(Err(r)),
+        };
+        job.attributes.insert(LAST_ERROR_ATTRIBUTE.to_string(), error.to_string());
+        let due_ms = self.now.saturating_add(delay_ms);
+        // Out of tries, or a backoff the job would not outlive: this failure was its last.
+        if job.attempts >= job.tries || self.expires_by(&job, due_ms) {
+            self.bury_job(&mut job)?;
+            return Ok(Ok(Reply::Job(Box::new(job))));
+        }
+        self.unindex(&job)?;
+        job.lease = None;
         job.due_ms = due_ms;
         job.state = if delay_ms == 0 { JobState::Ready } else { JobState::Delayed };
         self.index(&mut job)?;

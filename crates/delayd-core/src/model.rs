@@ -174,6 +174,30 @@ impl QueueMeta {
     }
 }
 
+/// The attribute in which a job records its last failed delivery (see
+/// [`crate::Command::Fail`]). Client attributes may not use the `delayd-` prefix.
+pub const LAST_ERROR_ATTRIBUTE: &str = "delayd-last-error";
+
+/// A queue's push delivery: its due jobs are POSTed to `url` by the leader's dispatcher.
+/// Kept in the replicated state, so every node agrees on it and a new leader resumes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Webhook {
+    /// Where jobs are POSTed: an `http` or `https` URL.
+    pub url: String,
+    /// How long one request may take before it counts as failed.
+    pub timeout_ms: u64,
+    /// Most requests in flight at once for the queue.
+    pub max_in_flight: u32,
+    /// Most requests started per second; 0: no limit.
+    pub rate_per_s: u32,
+    /// The first retry's backoff ceiling; each further try doubles it.
+    pub backoff_initial_ms: u64,
+    /// The largest backoff.
+    pub backoff_max_ms: u64,
+    /// The HMAC-SHA256 key of the requests' signatures.
+    pub secret: String,
+}
+
 /// A namespace's access token, kept in the replicated state so every node agrees on it.
 ///
 /// The token string itself is the record's key (see [`crate::keys::token`]).

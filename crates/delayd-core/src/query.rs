@@ -6,7 +6,7 @@
 use crate::codec::decode;
 use crate::keys::{self, KeyRecord, META_CLOCK};
 use crate::kv::{Cf, KvError, KvRead};
-use crate::model::{Job, JobId, QueueMeta, QueueName, TokenRecord};
+use crate::model::{Job, JobId, QueueMeta, QueueName, TokenRecord, Webhook};
 
 /// The job with this id, if it exists in `queue`.
 pub fn job(kv: &impl KvRead, queue: &QueueName, id: JobId) -> Result<Option<Job>, KvError> {
@@ -176,6 +176,30 @@ pub fn clock(kv: &impl KvRead) -> Result<u64, KvError> {
         .get(Cf::Meta, META_CLOCK)?
         .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
         .map_or(0, u64::from_be_bytes))
+}
+
+/// A queue's webhook, if it has one.
+pub fn webhook(kv: &impl KvRead, queue: &QueueName) -> Result<Option<Webhook>, KvError> {
+    kv.get(Cf::Meta, &keys::webhook(queue))?.map(|v| decode(&v)).transpose()
+}
+
+/// Every queue with a webhook, ordered by queue.
+pub fn webhooks(kv: &impl KvRead) -> Result<Vec<(QueueName, Webhook)>, KvError> {
+    let prefix = keys::WEBHOOK_PREFIX;
+    let mut out = Vec::new();
+    let mut failed = None;
+    kv.scan(Cf::Meta, prefix, &keys::prefix_end(prefix), &mut |k, v| {
+        match (keys::split_queue(&k[prefix.len()..]), decode::<Webhook>(v)) {
+            (Some((queue, [])), Ok(webhook)) => out.push((queue, webhook)),
+            (Some(_) | None, Ok(_)) => failed = Some(KvError("corrupt webhook key".into())),
+            (_, Err(e)) => failed = Some(e),
+        }
+        failed.is_none()
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// The record of a namespace token, if the token exists.

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use delayd_core::keys::{self, KeyRecord};
 use delayd_core::{
     apply, codec, query, Cf, Command, Due, Effects, Entry, Job, JobId, KvRead, MemKv, NewJob,
-    Outcome, Overlay, QueueName, Reply, Target,
+    Outcome, Overlay, QueueName, Reply, Target, Webhook,
 };
 use goldenscript::{Command as Line, Runner};
 
@@ -54,6 +54,9 @@ fn show_job(j: &Job) -> String {
     }
     if !j.body.is_empty() {
         let _ = write!(s, " body={}", String::from_utf8_lossy(&j.body));
+    }
+    for (name, value) in &j.attributes {
+        let _ = write!(s, " {name}={value:?}");
     }
     s
 }
@@ -103,6 +106,8 @@ impl Machine {
             Ok(Reply::Count { count, more: true }) => format!("count={count} more=true"),
             Ok(Reply::Ticked { fired, more }) => format!("fired={fired} more={more}"),
             Ok(Reply::Done) => "ok".into(),
+            Ok(Reply::Replaced(false)) => "set".into(),
+            Ok(Reply::Replaced(true)) => "replaced".into(),
         }
     }
 
@@ -220,6 +225,12 @@ impl Machine {
                         None => format!("Meta floor/ready {q} = end"),
                     }
                 }
+                Cf::Meta if k.starts_with(keys::WEBHOOK_PREFIX) => {
+                    let (q, _) =
+                        keys::split_queue(&k[keys::WEBHOOK_PREFIX.len()..]).ok_or("bad key")?;
+                    let w = codec::decode::<Webhook>(v)?;
+                    format!("Meta webhook {q} = {} timeout={}", w.url, w.timeout_ms)
+                }
                 Cf::Meta if k.starts_with(keys::TOKEN_PREFIX) => format!(
                     "Meta {} = {:?}",
                     String::from_utf8_lossy(k),
@@ -298,6 +309,41 @@ impl Runner for Machine {
                         }
                     },
                 }
+            }
+            "fail" => {
+                let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
+                let id = id(&args.next_pos().ok_or("job id expected")?.value)?;
+                let lease = self.lease(id, &mut args)?;
+                Command::Fail {
+                    queue: q,
+                    id,
+                    lease,
+                    error: args.lookup_parse("error")?.unwrap_or_default(),
+                    delay_ms: args.lookup_parse("delay")?.unwrap_or(0),
+                }
+            }
+            "webhook_set" => Command::SetWebhook {
+                queue: queue(&args.next_pos().ok_or("queue expected")?.value)?,
+                webhook: Webhook {
+                    url: args.lookup_parse("url")?.unwrap_or_default(),
+                    timeout_ms: args.lookup_parse("timeout")?.unwrap_or(1000),
+                    max_in_flight: 1,
+                    rate_per_s: 0,
+                    backoff_initial_ms: 10,
+                    backoff_max_ms: 100,
+                    secret: "s".into(),
+                },
+            },
+            "webhook_delete" => Command::DeleteWebhook {
+                queue: queue(&args.next_pos().ok_or("queue expected")?.value)?,
+            },
+            "webhooks" => {
+                args.reject_rest()?;
+                let mut out = String::new();
+                for (q, w) in query::webhooks(&self.kv)? {
+                    let _ = writeln!(out, "{q} {} timeout={}", w.url, w.timeout_ms);
+                }
+                return Ok(out);
             }
             "ack" | "release" | "touch" | "bury" => {
                 let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
@@ -389,6 +435,9 @@ impl Runner for Machine {
         for o in &outcomes {
             let _ = writeln!(out, "{}", self.show(o));
         }
+        if effects.webhooks_changed {
+            let _ = writeln!(out, "webhooks changed");
+        }
         for (q, gained) in &effects.ready_queues {
             let _ = writeln!(out, "wake {q} ×{gained}");
         }
@@ -409,7 +458,7 @@ macro_rules! golden {
     )*};
 }
 
-golden!(publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens, events);
+golden!(publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens, events, webhooks);
 
 /// The state machine reads everything through `KvRead`; make sure the clock query sees what
 /// apply stored, so the pump and the machine agree on time.

@@ -26,6 +26,9 @@
 //!   `Observer`): which queues gained ready jobs (their long-polls wake), which tokens were
 //!   deleted (their rate limiters go), what to count in [`metrics`].
 //!
+//! [`push`] is the one part that calls out: on the leader, it POSTs due jobs of queues that
+//! have a webhook, as an ordinary consumer of the service.
+//!
 //! [`Node`] (`node.rs`) is the composition root: it opens the cluster, builds the service,
 //! serves the client API beside the Raft services on one gRPC port and the HTTP API on
 //! another, and stops them in order. `docs/architecture.md` traces one request through all of
@@ -37,6 +40,7 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 mod node;
+pub mod push;
 pub mod service;
 
 pub use config::Config;

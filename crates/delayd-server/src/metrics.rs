@@ -122,6 +122,11 @@ pub struct Metrics {
 
     rocksdb_size: IntGaugeVec,
 
+    webhook_attempts: IntCounterVec,
+    webhook_dispatch_latency: HistogramVec,
+    webhook_answer_seconds: HistogramVec,
+    webhook_in_flight: IntGaugeVec,
+
     /// Serialises scrapes: each resets and refills the scrape-time gauges before gathering.
     scrape: Mutex<()>,
 }
@@ -271,6 +276,29 @@ impl Metrics {
                 "On the leader: milliseconds since a quorum last acknowledged it.",
                 &[],
             )?,
+            webhook_attempts: b.counter(
+                "delayd_webhook_attempts_total",
+                "Webhook requests by outcome: ok (2xx), status (another answer), timeout, error \
+                 (no answer: connection refused, reset, DNS).",
+                &["namespace", "queue", "outcome"],
+            )?,
+            webhook_dispatch_latency: b.histogram(
+                "delayd_webhook_dispatch_latency_seconds",
+                "For each webhook request: when it was sent minus the job's due time.",
+                queue,
+                LATENESS_SECONDS,
+            )?,
+            webhook_answer_seconds: b.histogram(
+                "delayd_webhook_answer_seconds",
+                "Webhook requests from sending to the receiver's answer (or the timeout).",
+                queue,
+                REQUEST_SECONDS,
+            )?,
+            webhook_in_flight: b.gauge(
+                "delayd_webhook_in_flight",
+                "Webhook requests in flight on this node (only the leader dispatches).",
+                queue,
+            )?,
             rocksdb_size: b.gauge(
                 "delayd_rocksdb_size_bytes",
                 "Space RocksDB uses, by kind: sst files, memtables, wal files.",
@@ -339,6 +367,22 @@ impl Metrics {
     pub fn grpc_request(&self, method: &str, code: &str, took: Duration) {
         self.grpc_requests.with_label_values(&[method, code]).inc();
         self.grpc_seconds.with_label_values(&[method]).observe(took.as_secs_f64());
+    }
+
+    /// Records a webhook request sent `late_ms` after its job was due.
+    pub fn webhook_sent(&self, queue: &QueueName, late_ms: u64) {
+        let labels = [queue.namespace.as_str(), queue.queue.as_str()];
+        self.webhook_dispatch_latency.with_label_values(&labels).observe(late_ms as f64 / 1000.0);
+        self.webhook_in_flight.with_label_values(&labels).inc();
+    }
+
+    /// Records a webhook request's end: its outcome and how long the answer took.
+    pub fn webhook_done(&self, queue: &QueueName, outcome: &str, took: Duration) {
+        let labels = [queue.namespace.as_str(), queue.queue.as_str()];
+        self.webhook_in_flight.with_label_values(&labels).dec();
+        self.webhook_answer_seconds.with_label_values(&labels).observe(took.as_secs_f64());
+        let [ns, q] = labels;
+        self.webhook_attempts.with_label_values(&[ns, q, outcome]).inc();
     }
 
     /// Counts one catch-up with the leader for unknown tokens (see `service/auth.rs`).

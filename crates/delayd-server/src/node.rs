@@ -60,7 +60,8 @@ impl Node {
         let api = tonic::service::Routes::new(crate::grpc::server(&service));
         cluster.serve(Some(api)).await?;
         let leader_watch = tokio::spawn(watch_leader(cluster.clone(), metrics));
-        let tasks = Mutex::new(vec![leader_watch]);
+        let dispatcher = tokio::spawn(crate::push::run(service.clone()));
+        let tasks = Mutex::new(vec![leader_watch, dispatcher]);
         Ok(Node { inner: Arc::new(Inner { service, cluster, tasks }) })
     }
 

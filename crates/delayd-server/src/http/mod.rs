@@ -20,6 +20,7 @@ mod queues;
 mod render;
 pub mod serve;
 mod tokens;
+mod webhooks;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post, put};
@@ -71,7 +72,11 @@ pub fn router(service: &Service) -> Router {
             get(deadletter::head).put(deadletter::respawn).delete(deadletter::purge),
         )
         .route("/api/{ns}/{q}/deadletter/size", get(deadletter::size))
-        .route("/api/{ns}/{q}/deadletter/jobs", get(deadletter::jobs));
+        .route("/api/{ns}/{q}/deadletter/jobs", get(deadletter::jobs))
+        .route(
+            "/api/{ns}/{q}/webhook",
+            put(webhooks::set).get(webhooks::show).delete(webhooks::remove),
+        );
     if config.debug_clock {
         // Test-only, and the admin token's.
         router = router.route("/debug/clock", get(admin::clock).put(admin::set_clock));

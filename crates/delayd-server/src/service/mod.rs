@@ -29,12 +29,14 @@ pub mod reserve;
 pub mod tokens;
 pub mod validate;
 mod waiters;
+pub mod webhooks;
 
 use std::sync::{Arc, Weak};
 
 use delayd_core::{Command, Effects, KvError, Outcome, Reply};
 use delayd_raft::{Cluster, Observer};
 use delayd_store::ReadView;
+use tokio::sync::Notify;
 
 use crate::config::Config;
 use crate::error::ServiceError;
@@ -69,6 +71,7 @@ struct Inner {
     waiters: Arc<Waiters>,
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
+    webhook_changes: Arc<Notify>,
 }
 
 /// What the service keeps beside the cluster, made before the cluster opens because the
@@ -77,20 +80,28 @@ pub(crate) struct Parts {
     waiters: Arc<Waiters>,
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
+    webhook_changes: Arc<Notify>,
 }
 
 impl Parts {
     pub(crate) fn new(metrics: Arc<Metrics>) -> Parts {
-        Parts { waiters: Arc::default(), auth: Arc::default(), metrics }
+        Parts {
+            waiters: Arc::default(),
+            auth: Arc::default(),
+            metrics,
+            webhook_changes: Arc::default(),
+        }
     }
 
     /// What the cluster calls as entries are applied: wakes long-polls of queues that gained
-    /// ready jobs, forgets the limiters of deleted tokens and counts job events.
+    /// ready jobs, forgets the limiters of deleted tokens, tells the webhook dispatcher about
+    /// changed webhooks and counts job events.
     pub(crate) fn observer(&self) -> Arc<dyn Observer> {
         Arc::new(Applied {
             waiters: self.waiters.clone(),
             auth: self.auth.clone(),
             metrics: self.metrics.clone(),
+            webhook_changes: self.webhook_changes.clone(),
         })
     }
 }
@@ -99,6 +110,7 @@ struct Applied {
     waiters: Arc<Waiters>,
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
+    webhook_changes: Arc<Notify>,
 }
 
 impl Observer for Applied {
@@ -107,19 +119,24 @@ impl Observer for Applied {
         for token in &effects.deleted_tokens {
             self.auth.forget(token);
         }
+        if effects.webhooks_changed {
+            self.webhook_changes.notify_one();
+        }
         self.metrics.record_applied(effects);
     }
 
     fn replaced(&self) {
         self.waiters.wake_all();
+        self.webhook_changes.notify_one();
     }
 }
 
 impl Service {
     /// The service over a started cluster node.
     pub(crate) fn new(config: Config, cluster: Cluster, parts: Parts) -> Service {
-        let Parts { waiters, auth, metrics } = parts;
-        Service { inner: Arc::new(Inner { config, cluster, waiters, auth, metrics }) }
+        let Parts { waiters, auth, metrics, webhook_changes } = parts;
+        let inner = Inner { config, cluster, waiters, auth, metrics, webhook_changes };
+        Service { inner: Arc::new(inner) }
     }
 
     /// A handle that does not keep the service alive.
@@ -140,6 +157,12 @@ impl Service {
     /// The cluster node underneath.
     pub(crate) fn cluster(&self) -> &Cluster {
         &self.inner.cluster
+    }
+
+    /// Notified whenever an applied entry set or removed a webhook (or a snapshot replaced
+    /// the state): the dispatcher looks at the webhooks again.
+    pub(crate) fn webhook_changes(&self) -> &Notify {
+        &self.inner.webhook_changes
     }
 
     /// The node's wall clock now, in unix ms (the clock that stamps entries when it leads).

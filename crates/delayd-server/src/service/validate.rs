@@ -19,6 +19,8 @@ pub const MAX_ATTRIBUTES: usize = 16;
 pub const MAX_ATTRIBUTE_NAME_BYTES: usize = 64;
 /// Longest attribute value, in bytes.
 pub const MAX_ATTRIBUTE_VALUE_BYTES: usize = 1024;
+/// Attributes delayd sets itself (such as a failed push's error) start with this.
+pub const RESERVED_ATTRIBUTE_PREFIX: &str = "delayd-";
 /// Longest client key, in bytes.
 pub const MAX_KEY_BYTES: usize = 255;
 /// Most jobs one respawn or purge may name (it runs in chunks of
@@ -246,6 +248,12 @@ impl Checks<'_> {
             )));
         }
         for (name, value) in &p.attributes {
+            if name.starts_with(RESERVED_ATTRIBUTE_PREFIX) {
+                return Err(ServiceError::bad_request(format!(
+                    "attribute {name}: names starting with {RESERVED_ATTRIBUTE_PREFIX:?} are \
+                     reserved"
+                )));
+            }
             if name.is_empty() || name.len() > MAX_ATTRIBUTE_NAME_BYTES {
                 return Err(ServiceError::bad_request(format!(
                     "attribute names are 1 to {MAX_ATTRIBUTE_NAME_BYTES} bytes"
