@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::kv::{KvError, KvRead};
-use crate::model::{Job, JobId, QueueName, Webhook};
+use crate::model::{Job, JobId, QueueName, Schedule, Webhook};
 
 /// One Raft log entry: a batch of commands applied in order at one leader timestamp.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -237,6 +237,37 @@ pub enum Command {
         /// The queue.
         queue: QueueName,
     },
+    /// Create or replace a schedule, with its first occurrence already computed;
+    /// `Replaced(bool)`.
+    SetSchedule {
+        /// The queue its jobs go to.
+        queue: QueueName,
+        /// The schedule.
+        schedule: Schedule,
+    },
+    /// Remove a schedule; `Removed(false)` when there was none.
+    DeleteSchedule {
+        /// Its queue.
+        queue: QueueName,
+        /// Its name.
+        name: String,
+    },
+    /// Fire a schedule's due occurrence `at_ms`: publish `jobs` (one per occurrence fired,
+    /// none when missed occurrences are skipped) and move the schedule to `next_at_ms`.
+    /// A schedule whose next occurrence is no longer `at_ms` (fired already, replaced,
+    /// removed) is left alone: `Count { count: 0 }`.
+    FireSchedule {
+        /// Its queue.
+        queue: QueueName,
+        /// Its name.
+        name: String,
+        /// The occurrence the proposer saw due.
+        at_ms: u64,
+        /// The jobs of the occurrences fired, keys and due times set.
+        jobs: Vec<NewJob>,
+        /// The occurrence after them; `None`: the schedule has ended.
+        next_at_ms: Option<u64>,
+    },
     /// A delivery failed (a push that was refused, timed out or could not connect): the
     /// reserved job records `error` (attribute [`crate::model::LAST_ERROR_ATTRIBUTE`]) and
     /// goes back after `delay_ms` while tries remain, else to the dead letter.
@@ -307,6 +338,21 @@ impl Command {
                 }
                 Command::DeleteWebhook { queue: q } => queue(q),
                 Command::Fail { queue: q, error, .. } => queue(q) + error.len(),
+                Command::SetSchedule { queue: q, schedule: s } => {
+                    queue(q)
+                        + s.name.len()
+                        + s.job.body.len()
+                        + 64 * s.job.attributes.len()
+                        + s.job.attributes.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+                        + match &s.timetable {
+                            crate::model::Timetable::Every { .. } => 0,
+                            crate::model::Timetable::Cron { expr, tz } => expr.len() + tz.len(),
+                        }
+                }
+                Command::DeleteSchedule { queue: q, name } => queue(q) + name.len(),
+                Command::FireSchedule { queue: q, name, jobs, .. } => {
+                    queue(q) + name.len() + jobs.iter().map(|j| job(j) + 64).sum::<usize>()
+                }
             }
     }
 }

@@ -70,6 +70,37 @@ pub fn webhook(q: &QueueName) -> Vec<u8> {
     k
 }
 
+/// Prefix of the schedules in the Meta column family: `schedule/{queue}{name}`.
+pub const SCHEDULE_PREFIX: &[u8] = b"schedule/";
+/// Prefix of the schedule index in the Meta column family:
+/// `schedule-due/{next occurrence, 8 bytes big-endian}{queue}{name}`, sorted by time.
+pub const SCHEDULE_DUE_PREFIX: &[u8] = b"schedule-due/";
+
+/// Meta key of a schedule.
+pub fn schedule(q: &QueueName, name: &str) -> Vec<u8> {
+    let mut k = SCHEDULE_PREFIX.to_vec();
+    k.extend(queue(q));
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// Meta key of a schedule's next occurrence in the schedule index.
+pub fn schedule_due(at_ms: u64, q: &QueueName, name: &str) -> Vec<u8> {
+    let mut k = SCHEDULE_DUE_PREFIX.to_vec();
+    k.extend_from_slice(&at_ms.to_be_bytes());
+    k.extend(queue(q));
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// Decodes a schedule index key: the occurrence, the queue and the schedule's name.
+pub fn parse_schedule_due(key: &[u8]) -> Option<(u64, QueueName, String)> {
+    let rest = key.strip_prefix(SCHEDULE_DUE_PREFIX)?;
+    let at = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let (queue, name) = split_queue(&rest[8..])?;
+    Some((at, queue, String::from_utf8(name.to_vec()).ok()?))
+}
+
 /// What a timer entry fires.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]

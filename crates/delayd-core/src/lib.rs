@@ -29,4 +29,7 @@ pub mod query;
 pub use command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
 pub use kv::{Cf, KvError, KvRead, MemKv, Overlay, Write};
 pub use machine::{apply, Effects, JobEvents};
-pub use model::{Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecord, Webhook};
+pub use model::{
+    CatchUp, Job, JobId, JobState, JobTemplate, Lease, QueueMeta, QueueName, Schedule, Timetable,
+    TokenRecord, Webhook,
+};

@@ -22,7 +22,7 @@ use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_SEQ};
 use crate::kv::{Cf, KvError, KvRead, Overlay};
 use crate::limits::{MAX_JOBS_PER_COMMAND, MAX_RESERVE_BYTES, MAX_WORK_BYTES_PER_COMMAND};
 use crate::model::{
-    Job, JobId, JobState, Lease, QueueMeta, QueueName, TokenRecord, LAST_ERROR_ATTRIBUTE,
+    Job, JobId, JobState, Lease, QueueMeta, QueueName, Schedule, TokenRecord, LAST_ERROR_ATTRIBUTE,
 };
 
 /// How long a finished job's client key still dedups publishes.
@@ -50,6 +50,8 @@ pub struct Effects {
     pub deleted_tokens: Vec<String>,
     /// Whether the batch set or removed a webhook: the dispatcher looks at them again.
     pub webhooks_changed: bool,
+    /// Whether the batch set, removed or fired a schedule: the schedule pump looks again.
+    pub schedules_changed: bool,
 }
 
 /// How many jobs of one queue went through each transition in an applied batch.
@@ -104,6 +106,7 @@ impl Effects {
         self.timer_lateness_ms.extend(other.timer_lateness_ms);
         self.deleted_tokens.extend(other.deleted_tokens);
         self.webhooks_changed |= other.webhooks_changed;
+        self.schedules_changed |= other.schedules_changed;
     }
 
     /// Counts `n` jobs made ready in `queue`.
@@ -209,6 +212,44 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             Command::Touch { queue, id, lease, ttr_ms } => self.touch(queue, *id, *lease, *ttr_ms),
             Command::Fail { queue, id, lease, error, delay_ms } => {
                 self.fail(queue, *id, *lease, error, *delay_ms)
+            }
+            Command::SetSchedule { queue, schedule } => {
+                let old = self.schedule(queue, &schedule.name)?;
+                if let Some(at) = old.as_ref().and_then(|o| o.next_at_ms) {
+                    self.kv.delete(Cf::Meta, keys::schedule_due(at, queue, &schedule.name));
+                }
+                self.save_schedule(queue, schedule);
+                Ok(Ok(Reply::Replaced(old.is_some())))
+            }
+            Command::DeleteSchedule { queue, name } => match self.schedule(queue, name)? {
+                Some(old) => {
+                    if let Some(at) = old.next_at_ms {
+                        self.kv.delete(Cf::Meta, keys::schedule_due(at, queue, name));
+                    }
+                    self.kv.delete(Cf::Meta, keys::schedule(queue, name));
+                    self.effects.schedules_changed = true;
+                    Ok(Ok(Reply::Removed(true)))
+                }
+                None => Ok(Ok(Reply::Removed(false))),
+            },
+            Command::FireSchedule { queue, name, at_ms, jobs, next_at_ms } => {
+                let Some(mut schedule) = self.schedule(queue, name)? else {
+                    return Ok(Ok(Reply::Count { count: 0, more: false }));
+                };
+                if schedule.next_at_ms != Some(*at_ms) {
+                    return Ok(Ok(Reply::Count { count: 0, more: false }));
+                }
+                let mut count = 0;
+                for job in jobs {
+                    // A job of an occurrence fired before keeps its key: not published twice.
+                    if let Ok(Reply::Published { .. }) = self.publish(queue, job)? {
+                        count += 1;
+                    }
+                }
+                self.kv.delete(Cf::Meta, keys::schedule_due(*at_ms, queue, name));
+                schedule.next_at_ms = *next_at_ms;
+                self.save_schedule(queue, &schedule);
+                Ok(Ok(Reply::Count { count, more: false }))
             }
             Command::SetWebhook { queue, webhook } => {
                 let key = keys::webhook(queue);
@@ -433,6 +474,19 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         self.index(&mut job)?;
         self.effects.count(queue, |e| &mut e.released);
         Ok(Ok(Reply::Job(Box::new(job))))
+    }
+
+    fn schedule(&self, queue: &QueueName, name: &str) -> Result<Option<Schedule>, KvError> {
+        self.kv.get(Cf::Meta, &keys::schedule(queue, name))?.map(|v| decode(&v)).transpose()
+    }
+
+    /// Stores a schedule and indexes its next occurrence.
+    fn save_schedule(&mut self, queue: &QueueName, schedule: &Schedule) {
+        if let Some(at) = schedule.next_at_ms {
+            self.kv.put(Cf::Meta, keys::schedule_due(at, queue, &schedule.name), Vec::new());
+        }
+        self.kv.put(Cf::Meta, keys::schedule(queue, &schedule.name), encode(schedule));
+        self.effects.schedules_changed = true;
     }
 
     /// A failed delivery: recorded on the job, which goes back after `delay_ms` while it has

@@ -198,6 +198,78 @@ pub struct Webhook {
     pub secret: String,
 }
 
+/// A recurring job: each occurrence of its timetable publishes one ordinary job, under the
+/// key `{name}@{occurrence_ms}` (so one job per occurrence, whatever is retried).
+///
+/// The timetable itself is computed outside the state machine (cron expressions and time
+/// zones depend on a library's tz data, which must not decide replicated state): whoever
+/// proposes a [`crate::Command::SetSchedule`] or [`crate::Command::FireSchedule`] carries
+/// the next occurrence in it, and the state machine keeps it in the schedule index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Its name, unique in its queue.
+    pub name: String,
+    /// When it fires.
+    pub timetable: Timetable,
+    /// The job each occurrence publishes.
+    pub job: JobTemplate,
+    /// No occurrence before this time (unix ms); also the anchor of `Every`.
+    pub start_at_ms: u64,
+    /// No occurrence after this time (unix ms).
+    pub end_at_ms: Option<u64>,
+    /// What to do with occurrences missed while no leader could fire them.
+    pub catch_up: CatchUp,
+    /// The next occurrence to fire; `None` once the schedule has ended.
+    pub next_at_ms: Option<u64>,
+}
+
+/// When a schedule fires.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Timetable {
+    /// Every `ms`, from the schedule's start.
+    Every {
+        /// The period.
+        ms: u64,
+    },
+    /// A cron expression with seconds first (6 fields), in an IANA time zone.
+    Cron {
+        /// The expression.
+        expr: String,
+        /// The zone its fields are read in, e.g. `Europe/Berlin`.
+        tz: String,
+    },
+}
+
+/// What a schedule does about occurrences missed by more than one period (an outage).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CatchUp {
+    /// Fire the most recent missed occurrence once.
+    #[default]
+    Latest,
+    /// Fire none of them.
+    None,
+    /// Fire every one of them, oldest first (bounded by whoever fires them).
+    All,
+}
+
+/// The job a schedule publishes, but for its id, key and due time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobTemplate {
+    /// The body.
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+    /// Attributes; the schedule's name is added as `schedule`.
+    pub attributes: BTreeMap<String, String>,
+    /// Time to live from its occurrence; `None` never expires.
+    pub ttl_ms: Option<u64>,
+    /// Maximum deliveries.
+    pub tries: u16,
+    /// Default time-to-run of its reservations.
+    pub ttr_ms: u64,
+    /// 0 is most urgent.
+    pub priority: u32,
+}
+
 /// A namespace's access token, kept in the replicated state so every node agrees on it.
 ///
 /// The token string itself is the record's key (see [`crate::keys::token`]).

@@ -6,7 +6,7 @@
 use crate::codec::decode;
 use crate::keys::{self, KeyRecord, META_CLOCK};
 use crate::kv::{Cf, KvError, KvRead};
-use crate::model::{Job, JobId, QueueMeta, QueueName, TokenRecord, Webhook};
+use crate::model::{Job, JobId, QueueMeta, QueueName, Schedule, TokenRecord, Webhook};
 
 /// The job with this id, if it exists in `queue`.
 pub fn job(kv: &impl KvRead, queue: &QueueName, id: JobId) -> Result<Option<Job>, KvError> {
@@ -176,6 +176,48 @@ pub fn clock(kv: &impl KvRead) -> Result<u64, KvError> {
         .get(Cf::Meta, META_CLOCK)?
         .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
         .map_or(0, u64::from_be_bytes))
+}
+
+/// A schedule of `queue`, if it exists.
+pub fn schedule(
+    kv: &impl KvRead,
+    queue: &QueueName,
+    name: &str,
+) -> Result<Option<Schedule>, KvError> {
+    kv.get(Cf::Meta, &keys::schedule(queue, name))?.map(|v| decode(&v)).transpose()
+}
+
+/// The schedules of `queue`, ordered by name.
+pub fn schedules(kv: &impl KvRead, queue: &QueueName) -> Result<Vec<Schedule>, KvError> {
+    let prefix = keys::schedule(queue, "");
+    let mut out = Vec::new();
+    let mut failed = None;
+    kv.scan(Cf::Meta, &prefix, &keys::prefix_end(&prefix), &mut |_, v| {
+        match decode::<Schedule>(v) {
+            Ok(s) => out.push(s),
+            Err(e) => failed = Some(e),
+        }
+        failed.is_none()
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// The earliest next occurrence of any schedule: its time, queue and name.
+pub fn next_schedule(kv: &impl KvRead) -> Result<Option<(u64, QueueName, String)>, KvError> {
+    let prefix = keys::SCHEDULE_DUE_PREFIX;
+    let mut first = None;
+    kv.scan(Cf::Meta, prefix, &keys::prefix_end(prefix), &mut |k, _| {
+        first = Some(keys::parse_schedule_due(k));
+        false
+    })?;
+    match first {
+        None => Ok(None),
+        Some(Some(next)) => Ok(Some(next)),
+        Some(None) => Err(KvError("corrupt schedule index key".into())),
+    }
 }
 
 /// A queue's webhook, if it has one.

@@ -9,8 +9,9 @@ use std::fmt::Write as _;
 
 use delayd_core::keys::{self, KeyRecord};
 use delayd_core::{
-    apply, codec, query, Cf, Command, Due, Effects, Entry, Job, JobId, KvRead, MemKv, NewJob,
-    Outcome, Overlay, QueueName, Reply, Target, Webhook,
+    apply, codec, query, CatchUp, Cf, Command, Due, Effects, Entry, Job, JobId, JobTemplate,
+    KvRead, MemKv, NewJob, Outcome, Overlay, QueueName, Reply, Schedule, Target, Timetable,
+    Webhook,
 };
 use goldenscript::{Command as Line, Runner};
 
@@ -225,6 +226,14 @@ impl Machine {
                         None => format!("Meta floor/ready {q} = end"),
                     }
                 }
+                Cf::Meta if k.starts_with(keys::SCHEDULE_DUE_PREFIX) => {
+                    let (at, q, name) = keys::parse_schedule_due(k).ok_or("bad key")?;
+                    format!("Meta schedule-due {at} {q} {name}")
+                }
+                Cf::Meta if k.starts_with(keys::SCHEDULE_PREFIX) => {
+                    let sc = codec::decode::<Schedule>(v)?;
+                    format!("Meta schedule {} next={:?}", sc.name, sc.next_at_ms)
+                }
                 Cf::Meta if k.starts_with(keys::WEBHOOK_PREFIX) => {
                     let (q, _) =
                         keys::split_queue(&k[keys::WEBHOOK_PREFIX.len()..]).ok_or("bad key")?;
@@ -334,6 +343,71 @@ impl Runner for Machine {
                     secret: "s".into(),
                 },
             },
+            "schedule_set" => {
+                let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
+                let name = args.next_pos().ok_or("name expected")?.value.clone();
+                Command::SetSchedule {
+                    queue: q,
+                    schedule: Schedule {
+                        name,
+                        timetable: Timetable::Every {
+                            ms: args.lookup_parse("every")?.unwrap_or(1000),
+                        },
+                        job: JobTemplate {
+                            tries: 1,
+                            ttr_ms: 30,
+                            priority: 10,
+                            ..JobTemplate::default()
+                        },
+                        start_at_ms: 0,
+                        end_at_ms: None,
+                        catch_up: CatchUp::Latest,
+                        next_at_ms: args.lookup_parse("next")?,
+                    },
+                }
+            }
+            "schedule_delete" => Command::DeleteSchedule {
+                queue: queue(&args.next_pos().ok_or("queue expected")?.value)?,
+                name: args.next_pos().ok_or("name expected")?.value.clone(),
+            },
+            "schedule_fire" => {
+                let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
+                let name = args.next_pos().ok_or("name expected")?.value.clone();
+                let fire: String = args.lookup_parse("fire")?.unwrap_or_default();
+                let mut jobs = Vec::new();
+                for at in fire.split(',').filter(|a| !a.is_empty()) {
+                    let at: u64 = at.parse()?;
+                    self.next_id += 1;
+                    jobs.push(NewJob {
+                        id: JobId(self.next_id),
+                        key: Some(format!("{name}@{at}")),
+                        body: Vec::new(),
+                        attributes: [("schedule".to_string(), name.clone())].into(),
+                        due: Due::At(at),
+                        ttl_ms: None,
+                        tries: 1,
+                        ttr_ms: 30,
+                        priority: 10,
+                    });
+                }
+                Command::FireSchedule {
+                    queue: q,
+                    name,
+                    at_ms: args.lookup_parse("at")?.ok_or("at expected")?,
+                    jobs,
+                    next_at_ms: args.lookup_parse("next")?,
+                }
+            }
+            "schedules" => {
+                let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
+                args.reject_rest()?;
+                let mut out = String::new();
+                for sc in query::schedules(&self.kv, &q)? {
+                    let _ = writeln!(out, "{} next={:?}", sc.name, sc.next_at_ms);
+                }
+                let _ = writeln!(out, "first due: {:?}", query::next_schedule(&self.kv)?);
+                return Ok(out);
+            }
             "webhook_delete" => Command::DeleteWebhook {
                 queue: queue(&args.next_pos().ok_or("queue expected")?.value)?,
             },
@@ -435,6 +509,9 @@ impl Runner for Machine {
         for o in &outcomes {
             let _ = writeln!(out, "{}", self.show(o));
         }
+        if effects.schedules_changed {
+            let _ = writeln!(out, "schedules changed");
+        }
         if effects.webhooks_changed {
             let _ = writeln!(out, "webhooks changed");
         }
@@ -458,7 +535,10 @@ macro_rules! golden {
     )*};
 }
 
-golden!(publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens, events, webhooks);
+golden!(
+    publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens, events, webhooks,
+    schedules
+);
 
 /// The state machine reads everything through `KvRead`; make sure the clock query sees what
 /// apply stored, so the pump and the machine agree on time.
