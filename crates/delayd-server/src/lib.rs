@@ -26,8 +26,9 @@
 //!   `Observer`): which queues gained ready jobs (their long-polls wake), which tokens were
 //!   deleted (their rate limiters go), what to count in [`metrics`].
 //!
-//! [`push`] is the one part that calls out: on the leader, it POSTs due jobs of queues that
-//! have a webhook, as an ordinary consumer of the service.
+//! Two leader-only tasks act through the service as well: [`push`] POSTs due jobs of queues
+//! that have a webhook (the one part that calls out), and the schedule pump (`scheduler.rs`)
+//! fires due occurrences of recurring jobs.
 //!
 //! [`Node`] (`node.rs`) is the composition root: it opens the cluster, builds the service,
 //! serves the client API beside the Raft services on one gRPC port and the HTTP API on
@@ -41,6 +42,7 @@ pub mod http;
 pub mod metrics;
 mod node;
 pub mod push;
+mod scheduler;
 pub mod service;
 
 pub use config::Config;

@@ -61,7 +61,8 @@ impl Node {
         cluster.serve(Some(api)).await?;
         let leader_watch = tokio::spawn(watch_leader(cluster.clone(), metrics));
         let dispatcher = tokio::spawn(crate::push::run(service.clone()));
-        let tasks = Mutex::new(vec![leader_watch, dispatcher]);
+        let scheduler = tokio::spawn(crate::scheduler::run(service.clone()));
+        let tasks = Mutex::new(vec![leader_watch, dispatcher, scheduler]);
         Ok(Node { inner: Arc::new(Inner { service, cluster, tasks }) })
     }
 

@@ -144,6 +144,10 @@ fn routes() -> Vec<(Method, String, Needs)> {
         (Method::PUT, "/api/ns1/q/webhook".to_string(), Needs::Ns1),
         (Method::GET, "/api/ns1/q/webhook".to_string(), Needs::Ns1),
         (Method::DELETE, "/api/ns1/q/webhook".to_string(), Needs::Ns1),
+        (Method::GET, "/api/ns1/q/schedules".to_string(), Needs::Ns1),
+        (Method::PUT, "/api/ns1/q/schedules/s".to_string(), Needs::Ns1),
+        (Method::GET, "/api/ns1/q/schedules/s".to_string(), Needs::Ns1),
+        (Method::DELETE, "/api/ns1/q/schedules/s".to_string(), Needs::Ns1),
     ];
     // The same data-plane routes of another namespace, which an ns1 token must not open.
     let other: Vec<_> = r

@@ -18,6 +18,7 @@ mod jobs;
 mod middleware;
 mod queues;
 mod render;
+mod schedules;
 pub mod serve;
 mod tokens;
 mod webhooks;
@@ -76,6 +77,11 @@ pub fn router(service: &Service) -> Router {
         .route(
             "/api/{ns}/{q}/webhook",
             put(webhooks::set).get(webhooks::show).delete(webhooks::remove),
+        )
+        .route("/api/{ns}/{q}/schedules", get(schedules::list))
+        .route(
+            "/api/{ns}/{q}/schedules/{name}",
+            put(schedules::set).get(schedules::show).delete(schedules::remove),
         );
     if config.debug_clock {
         // Test-only, and the admin token's.

@@ -26,6 +26,7 @@ pub mod jobs;
 pub mod publish;
 pub mod queues;
 pub mod reserve;
+pub mod schedules;
 pub mod tokens;
 pub mod validate;
 mod waiters;
@@ -72,6 +73,7 @@ struct Inner {
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
     webhook_changes: Arc<Notify>,
+    schedule_changes: Arc<Notify>,
 }
 
 /// What the service keeps beside the cluster, made before the cluster opens because the
@@ -81,6 +83,7 @@ pub(crate) struct Parts {
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
     webhook_changes: Arc<Notify>,
+    schedule_changes: Arc<Notify>,
 }
 
 impl Parts {
@@ -90,6 +93,7 @@ impl Parts {
             auth: Arc::default(),
             metrics,
             webhook_changes: Arc::default(),
+            schedule_changes: Arc::default(),
         }
     }
 
@@ -102,6 +106,7 @@ impl Parts {
             auth: self.auth.clone(),
             metrics: self.metrics.clone(),
             webhook_changes: self.webhook_changes.clone(),
+            schedule_changes: self.schedule_changes.clone(),
         })
     }
 }
@@ -111,6 +116,7 @@ struct Applied {
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
     webhook_changes: Arc<Notify>,
+    schedule_changes: Arc<Notify>,
 }
 
 impl Observer for Applied {
@@ -122,20 +128,25 @@ impl Observer for Applied {
         if effects.webhooks_changed {
             self.webhook_changes.notify_one();
         }
+        if effects.schedules_changed {
+            self.schedule_changes.notify_one();
+        }
         self.metrics.record_applied(effects);
     }
 
     fn replaced(&self) {
         self.waiters.wake_all();
         self.webhook_changes.notify_one();
+        self.schedule_changes.notify_one();
     }
 }
 
 impl Service {
     /// The service over a started cluster node.
     pub(crate) fn new(config: Config, cluster: Cluster, parts: Parts) -> Service {
-        let Parts { waiters, auth, metrics, webhook_changes } = parts;
-        let inner = Inner { config, cluster, waiters, auth, metrics, webhook_changes };
+        let Parts { waiters, auth, metrics, webhook_changes, schedule_changes } = parts;
+        let inner =
+            Inner { config, cluster, waiters, auth, metrics, webhook_changes, schedule_changes };
         Service { inner: Arc::new(inner) }
     }
 
@@ -163,6 +174,12 @@ impl Service {
     /// the state): the dispatcher looks at the webhooks again.
     pub(crate) fn webhook_changes(&self) -> &Notify {
         &self.inner.webhook_changes
+    }
+
+    /// Notified whenever an applied entry set, removed or fired a schedule (or a snapshot
+    /// replaced the state): the schedule pump looks at the schedule index again.
+    pub(crate) fn schedule_changes(&self) -> &Notify {
+        &self.inner.schedule_changes
     }
 
     /// The node's wall clock now, in unix ms (the clock that stamps entries when it leads).
