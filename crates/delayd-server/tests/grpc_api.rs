@@ -736,3 +736,48 @@ async fn a_publish_stream_answers_at_most_its_bound_of_batches() {
     }
     t.stop().await;
 }
+
+/// Webhooks and schedules through the client API: the HTTP API's rules and shapes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_and_schedules_are_managed_over_grpc() {
+    let t = TestNode::start().await;
+    let queue = || pb::QueueRef { namespace: NS.into(), queue: Q.into(), stale: false };
+    let set = pb::SetWebhookRequest {
+        namespace: NS.into(),
+        queue: Q.into(),
+        url: "http://127.0.0.1:9/hook".into(),
+        timeout_ms: Some(500),
+        ..Default::default()
+    };
+    let w = t.c().set_webhook(set.clone()).await.unwrap().into_inner();
+    assert_eq!((w.timeout_ms, w.max_in_flight, w.replaced), (500, 32, false));
+    assert_eq!(w.secret.as_ref().map(String::len), Some(32), "a generated secret, shown once");
+    assert!(t.c().set_webhook(set).await.unwrap().into_inner().replaced);
+    let shown = t.c().get_webhook(queue()).await.unwrap().into_inner();
+    assert_eq!((shown.url.as_str(), shown.secret), ("http://127.0.0.1:9/hook", None));
+    let bad = pb::SetWebhookRequest { url: "gopher://x".into(), ..Default::default() };
+    let bad = pb::SetWebhookRequest { namespace: NS.into(), queue: Q.into(), ..bad };
+    assert_status(t.c().set_webhook(bad).await, Code::InvalidArgument, "only http and https");
+    t.c().delete_webhook(queue()).await.unwrap();
+    assert_status(t.c().get_webhook(queue()).await, Code::NotFound, "no webhook");
+
+    let schedule = pb::SetScheduleRequest {
+        namespace: NS.into(),
+        queue: Q.into(),
+        name: "nightly".into(),
+        timetable: Some(pb::set_schedule_request::Timetable::Cron("0 0 3 * * *".into())),
+        tz: Some("Asia/Tokyo".into()),
+        ..Default::default()
+    };
+    let s = t.c().set_schedule(schedule.clone()).await.unwrap().into_inner();
+    assert_eq!((s.tz.as_str(), s.catch_up.as_str(), s.replaced), ("Asia/Tokyo", "latest", false));
+    assert!(s.next_at_ms.is_some());
+    let no_zone = pb::SetScheduleRequest { tz: Some("Nowhere/Land".into()), ..schedule };
+    assert_status(t.c().set_schedule(no_zone).await, Code::InvalidArgument, "unknown time zone");
+    let listed = t.c().list_schedules(queue()).await.unwrap().into_inner().schedules;
+    assert_eq!(listed.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["nightly"]);
+    let name = pb::ScheduleRef { namespace: NS.into(), queue: Q.into(), name: "nightly".into() };
+    t.c().delete_schedule(name.clone()).await.unwrap();
+    assert_status(t.c().delete_schedule(name).await, Code::NotFound, "no schedule");
+    t.node.shutdown().await;
+}

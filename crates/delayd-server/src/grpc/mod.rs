@@ -437,6 +437,96 @@ impl Delayd for Api {
         };
         answer(&s, result.await)
     }
+
+    async fn set_webhook(
+        &self,
+        request: Request<pb::SetWebhookRequest>,
+    ) -> Result<Response<pb::WebhookReply>, Status> {
+        let (s, caller) = self.caller(&request)?;
+        let r = request.into_inner();
+        let result = async {
+            let queue = queue_name(&r.namespace, &r.queue)?;
+            let request = || Ok(convert::webhook_request(r));
+            let set = s.set_webhook(&caller, queue.clone(), request).await?;
+            Ok(convert::webhook(queue, set.webhook, true, set.replaced))
+        };
+        answer(&s, result.await)
+    }
+
+    async fn get_webhook(
+        &self,
+        request: Request<pb::QueueRef>,
+    ) -> Result<Response<pb::WebhookReply>, Status> {
+        let (s, caller) = self.caller(&request)?;
+        let r = request.into_inner();
+        let result = async {
+            let queue = queue_name(&r.namespace, &r.queue)?;
+            match s.webhook(&caller, &queue, r.stale).await? {
+                Some(w) => Ok(convert::webhook(queue, w, false, false)),
+                None => Err(ServiceError::NotFound(format!("queue {queue} has no webhook"))),
+            }
+        };
+        answer(&s, result.await)
+    }
+
+    async fn delete_webhook(
+        &self,
+        request: Request<pb::QueueRef>,
+    ) -> Result<Response<pb::DeleteReply>, Status> {
+        let (s, caller) = self.caller(&request)?;
+        let r = request.into_inner();
+        let result = async {
+            s.delete_webhook(&caller, queue_name(&r.namespace, &r.queue)?).await?;
+            Ok(pb::DeleteReply {})
+        };
+        answer(&s, result.await)
+    }
+
+    async fn set_schedule(
+        &self,
+        request: Request<pb::SetScheduleRequest>,
+    ) -> Result<Response<pb::ScheduleReply>, Status> {
+        let (s, caller) = self.caller(&request)?;
+        let r = request.into_inner();
+        let result = async {
+            let queue = queue_name(&r.namespace, &r.queue)?;
+            let name = r.name.clone();
+            let request = || convert::schedule_request(r);
+            let (schedule, replaced) =
+                s.set_schedule(&caller, queue.clone(), &name, request).await?;
+            Ok(convert::schedule(&queue, schedule, replaced))
+        };
+        answer(&s, result.await)
+    }
+
+    async fn list_schedules(
+        &self,
+        request: Request<pb::QueueRef>,
+    ) -> Result<Response<pb::ScheduleList>, Status> {
+        let (s, caller) = self.caller(&request)?;
+        let r = request.into_inner();
+        let result = async {
+            let queue = queue_name(&r.namespace, &r.queue)?;
+            let all = s.schedules(&caller, &queue, r.stale).await?;
+            let schedules =
+                all.into_iter().map(|sc| convert::schedule(&queue, sc, false)).collect();
+            Ok(pb::ScheduleList { schedules })
+        };
+        answer(&s, result.await)
+    }
+
+    async fn delete_schedule(
+        &self,
+        request: Request<pb::ScheduleRef>,
+    ) -> Result<Response<pb::DeleteReply>, Status> {
+        let (s, caller) = self.caller(&request)?;
+        let r = request.into_inner();
+        let result = async {
+            s.delete_schedule(&caller, queue_name(&r.namespace, &r.queue)?, &r.name).await?;
+            Ok(pb::DeleteReply {})
+        };
+        answer(&s, result.await)
+    }
 }
 
 fn job_item(job: pb::Job) -> pb::ItemResult {
