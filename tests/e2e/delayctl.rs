@@ -1,6 +1,6 @@
 //! The real `delayctl` binary against real `delayd` processes: cluster status and membership,
-//! the job commands through a follower, node failover, dead letters, exit codes, and (once
-//! authentication lands) tokens.
+//! the job commands through a follower, node failover, dead letters, exit codes, webhooks and
+//! schedules, and (once authentication lands) tokens.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -271,6 +271,138 @@ async fn queues_command() -> Result<()> {
     ensure!(q["queues"].as_array().map(Vec::len) == Some(1), "{q}");
     let out = ctl(a, &["queues", "--limit", "1"]).await?.ok()?;
     ensure!(out.lines().count() == 3 && out.contains("raise --limit"), "{out}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_and_schedule_commands() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let flags = auth_flags(Auth::Off).iter().map(|f| f.to_string()).collect();
+    let server =
+        Server::spawn(1, &dir.path().join("node1"), free_port()?, free_port()?, flags).await?;
+    let a = server.url.as_str();
+
+    // Webhook: set with a chosen secret (shown once), replace it, show it, delete it. Nothing
+    // is ever published to the queue, so nothing is POSTed to the dead URL.
+    let none = ctl(a, &["webhook", "show", "ns", "hooked"]).await?;
+    ensure!(none.code == 1 && none.stderr.contains("404 Not Found:"), "{none:?}");
+    ensure!(none.stderr.contains("has no webhook"), "{none:?}");
+    let secret = "0123456789abcdef-secret";
+    let set = [
+        "webhook",
+        "set",
+        "ns",
+        "hooked",
+        "http://127.0.0.1:9/hook",
+        "--webhook-timeout-ms",
+        "2000",
+        "--max-in-flight",
+        "4",
+        "--secret",
+        secret,
+    ];
+    let run = ctl(a, &set).await?;
+    ensure!(run.stderr.contains("shown only this once"), "{run:?}");
+    let out = run.ok()?;
+    ensure!(field(&out, "url")? == "http://127.0.0.1:9/hook", "{out}");
+    ensure!(field(&out, "timeout_ms")? == "2000" && field(&out, "max_in_flight")? == "4", "{out}");
+    ensure!(field(&out, "secret")? == secret, "{out}");
+    let again = ctl(a, &["webhook", "set", "ns", "hooked", "http://127.0.0.1:9/other"]).await?;
+    ensure!(again.code == 0 && again.stderr.contains("replaced"), "{again:?}");
+    let generated = field(&again.stdout, "secret")?;
+    ensure!(generated.len() >= 16 && generated != secret, "{again:?}");
+    let w = ctl(a, &["webhook", "show", "ns", "hooked", "--json"]).await?.json()?;
+    ensure!(s(&w, "url")? == "http://127.0.0.1:9/other" && w.get("secret").is_none(), "{w}");
+    ensure!(n(&w, "timeout_ms")? == 10_000, "replacing resets to the defaults: {w}");
+    let out = ctl(a, &["webhook", "show", "ns", "hooked"]).await?.ok()?;
+    ensure!(field(&out, "max_in_flight")? == "32" && !out.contains("secret"), "{out}");
+    let bad = ctl(a, &["webhook", "set", "ns", "hooked", "ftp://x/y"]).await?;
+    ensure!(bad.code == 1, "{bad:?}");
+    ensure!(bad.stderr.starts_with("error: 400 Bad Request: invalid url"), "{bad:?}");
+    let out = ctl(a, &["webhook", "delete", "ns", "hooked"]).await?.ok()?;
+    ensure!(out.trim() == "deleted", "{out}");
+    let gone = ctl(a, &["webhook", "delete", "ns", "hooked"]).await?;
+    ensure!(gone.code == 1 && gone.stderr.contains("404 Not Found:"), "{gone:?}");
+
+    // Schedules: a cron one in a zone with a body and an attribute, and a periodic one that
+    // starts in an hour (so neither fires during the test).
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis(),
+    )?;
+    let cron = [
+        "schedule",
+        "set",
+        "ns",
+        "sched",
+        "nightly",
+        "--cron",
+        "0 0 3 * * *",
+        "--tz",
+        "Europe/Paris",
+        "--data",
+        "hello",
+        "--attr",
+        "team=ops",
+        "--tries",
+        "2",
+    ];
+    let run = ctl(a, &cron).await?;
+    ensure!(run.code == 0 && run.stderr.is_empty(), "created, not replaced: {run:?}");
+    let out = run.stdout;
+    ensure!(field(&out, "timetable")? == "cron 0 0 3 * * * (Europe/Paris)", "{out}");
+    ensure!(field(&out, "next_at_ms")?.parse::<u64>()? > now_ms, "{out}");
+    ensure!(field(&out, "body")? == "hello" && field(&out, "attributes")? == "team=ops", "{out}");
+    ensure!(field(&out, "tries")? == "2" && field(&out, "catch_up")? == "latest", "{out}");
+    let replaced = ctl(a, &cron).await?;
+    ensure!(replaced.code == 0 && replaced.stderr.contains("replaced"), "{replaced:?}");
+    let start = (now_ms + 3_600_000).to_string();
+    let every = [
+        "schedule",
+        "set",
+        "ns",
+        "sched",
+        "tick",
+        "--every-ms",
+        "60000",
+        "--start-at-ms",
+        &start,
+        "--catch-up",
+        "none",
+        "--json",
+    ];
+    let tick = ctl(a, &every).await?.json()?;
+    ensure!(n(&tick, "every_ms")? == 60_000 && s(&tick, "catch_up")? == "none", "{tick}");
+    ensure!(n(&tick, "next_at_ms")?.to_string() == start, "{tick}");
+
+    let out = ctl(a, &["schedule", "list", "ns", "sched"]).await?.ok()?;
+    let lines: Vec<&str> = out.lines().collect();
+    ensure!(lines.len() == 3, "{out}");
+    ensure!(lines[0].split_whitespace().collect::<Vec<_>>() == ["name", "timetable", "next_at_ms"]);
+    ensure!(lines[1].starts_with("nightly  cron 0 0 3 * * * (Europe/Paris)"), "{out}");
+    ensure!(lines[2].starts_with("tick ") && lines[2].ends_with(&start), "{out}");
+    ensure!(lines[2].contains(" every 60000 ms "), "{out}");
+    let list = ctl(a, &["schedule", "list", "ns", "sched", "--json"]).await?.json()?;
+    ensure!(list["schedules"].as_array().map(Vec::len) == Some(2), "{list}");
+    let out = ctl(a, &["schedule", "show", "ns", "sched", "tick"]).await?.ok()?;
+    ensure!(field(&out, "timetable")? == "every 60000 ms", "{out}");
+    ensure!(field(&out, "start_at_ms")? == start && field(&out, "body")?.is_empty(), "{out}");
+
+    // Refused: a bad cron expression is the server's 400; both timetables is a usage error.
+    let bad = ctl(a, &["schedule", "set", "ns", "sched", "bad", "--cron", "not a cron"]).await?;
+    ensure!(bad.code == 1 && bad.stdout.is_empty(), "{bad:?}");
+    let want = "error: 400 Bad Request: invalid cron expression \"not a cron\"";
+    ensure!(bad.stderr.starts_with(want), "{bad:?}");
+    let both = ["schedule", "set", "ns", "sched", "x", "--cron", "* * * * * *", "--every-ms", "1"];
+    let usage = ctl(a, &both).await?;
+    ensure!(usage.code == 2, "{usage:?}");
+
+    let out = ctl(a, &["schedule", "delete", "ns", "sched", "tick"]).await?.ok()?;
+    ensure!(out.trim() == "deleted", "{out}");
+    let gone = ctl(a, &["schedule", "show", "ns", "sched", "tick"]).await?;
+    ensure!(gone.code == 1 && gone.stderr.contains("404 Not Found:"), "{gone:?}");
+    ensure!(gone.stderr.contains("has no schedule \"tick\""), "{gone:?}");
+    let list = ctl(a, &["schedule", "list", "ns", "sched", "--json"]).await?.json()?;
+    ensure!(list["schedules"].as_array().map(Vec::len) == Some(1), "{list}");
     Ok(())
 }
 

@@ -56,6 +56,16 @@ impl Call {
         self
     }
 
+    /// Sets a JSON body, leaving out the fields that are `null` (options not given, which
+    /// the server then defaults).
+    pub fn json(self, mut body: Value) -> Call {
+        if let Value::Object(fields) = &mut body {
+            fields.retain(|_, v| !v.is_null());
+        }
+        self.header("Content-Type".to_string(), "application/json".to_string())
+            .body(body.to_string().into_bytes())
+    }
+
     /// Lets the server take this much longer than the per-request timeout (a long poll).
     pub fn wait(mut self, extra: Duration) -> Call {
         self.extra_timeout = extra;
@@ -216,6 +226,13 @@ mod tests {
         assert!(parse_addr("http://10.0.0.1:7777").is_ok());
         assert!(parse_addr("ftp://10.0.0.1").is_err());
         assert!(parse_addr("http://").is_err());
+    }
+
+    #[test]
+    fn json_bodies_leave_out_absent_options() {
+        let call = Call::new(Method::PUT, &["x"]).json(json!({"url": "u", "secret": null}));
+        assert_eq!(call.body.as_deref(), Some(&br#"{"url":"u"}"#[..]));
+        assert_eq!(call.headers, [("Content-Type".to_string(), "application/json".to_string())]);
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use base64::Engine;
 use clap::{Args, Parser, Subcommand};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::{json, Value};
@@ -25,7 +26,8 @@ use crate::http::{Call, Client};
 /// Exit code of `consume` when no job was available.
 const EXIT_NOTHING_TO_CONSUME: u8 = 3;
 
-/// Operator CLI for delayd: cluster, tokens, jobs and dead letters over the HTTP API.
+/// Operator CLI for delayd: cluster, tokens, jobs, dead letters, webhooks and schedules over
+/// the HTTP API.
 #[derive(Parser)]
 #[command(
     name = "delayctl",
@@ -137,6 +139,12 @@ enum Command {
     /// A queue's dead letter.
     #[command(subcommand)]
     Deadletter(DeadCmd),
+    /// A queue's webhook: push delivery of its due jobs.
+    #[command(subcommand)]
+    Webhook(WebhookCmd),
+    /// A queue's schedules: recurring jobs.
+    #[command(subcommand)]
+    Schedule(ScheduleCmd),
 }
 
 #[derive(Subcommand)]
@@ -280,6 +288,135 @@ enum DeadCmd {
     },
 }
 
+#[derive(Subcommand)]
+enum WebhookCmd {
+    /// Set or replace a queue's webhook; prints it with its signing secret, shown only once.
+    Set(WebhookSet),
+    /// Show a queue's webhook (without its secret).
+    Show {
+        /// Namespace.
+        ns: String,
+        /// Queue.
+        queue: String,
+    },
+    /// Remove a queue's webhook: the queue is pull-only again.
+    Delete {
+        /// Namespace.
+        ns: String,
+        /// Queue.
+        queue: String,
+    },
+}
+
+#[derive(Args)]
+struct WebhookSet {
+    /// Namespace.
+    ns: String,
+    /// Queue.
+    queue: String,
+    /// Where due jobs are POSTed: an http or https URL.
+    url: String,
+    /// Time limit of each POST in milliseconds (server default 10000, ≤ 60000). (Not
+    /// `--timeout-ms`: that is the global per-request timeout of delayctl itself.)
+    #[arg(long = "webhook-timeout-ms", value_name = "N")]
+    hook_timeout_ms: Option<u64>,
+    /// POSTs in flight at once for this queue (server default 32, ≤ 1000).
+    #[arg(long)]
+    max_in_flight: Option<u64>,
+    /// POSTs started per second (server default 0: no limit).
+    #[arg(long)]
+    rate_per_s: Option<u64>,
+    /// Backoff before the first retry, in milliseconds (server default 1000).
+    #[arg(long)]
+    backoff_initial_ms: Option<u64>,
+    /// Largest backoff between retries, in milliseconds (server default 300000).
+    #[arg(long)]
+    backoff_max_ms: Option<u64>,
+    /// The signing secret, 16 to 256 visible ASCII characters (default: generated).
+    #[arg(long)]
+    secret: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum ScheduleCmd {
+    /// Create or replace a schedule; prints it with its next occurrence.
+    Set(ScheduleSet),
+    /// A queue's schedules with their timetables and next occurrences.
+    List {
+        /// Namespace.
+        ns: String,
+        /// Queue.
+        queue: String,
+    },
+    /// Show one schedule with the job it publishes.
+    Show {
+        /// Namespace.
+        ns: String,
+        /// Queue.
+        queue: String,
+        /// Schedule name.
+        name: String,
+    },
+    /// Delete a schedule (the jobs it already published stay).
+    Delete {
+        /// Namespace.
+        ns: String,
+        /// Queue.
+        queue: String,
+        /// Schedule name.
+        name: String,
+    },
+}
+
+#[derive(Args)]
+#[command(group = clap::ArgGroup::new("timetable").required(true).multiple(false))]
+struct ScheduleSet {
+    /// Namespace.
+    ns: String,
+    /// Queue.
+    queue: String,
+    /// Schedule name (A-Z a-z 0-9 - _).
+    name: String,
+    /// A cron expression, 6 fields with seconds first (a 7th is the year), e.g.
+    /// `0 30 9 * * Mon-Fri`.
+    #[arg(long, group = "timetable", value_name = "EXPR")]
+    cron: Option<String>,
+    /// The time zone the cron expression is read in, an IANA name (default UTC).
+    #[arg(long, conflicts_with = "every_ms", value_name = "ZONE")]
+    tz: Option<String>,
+    /// A job every this many milliseconds (≥ 100), counted from the start.
+    #[arg(long, group = "timetable", value_name = "N")]
+    every_ms: Option<u64>,
+    /// The jobs' body, as text (default: empty).
+    #[arg(long, value_name = "TEXT")]
+    data: Option<String>,
+    /// Seconds from each occurrence until its job expires (0: never; default a day).
+    #[arg(long)]
+    ttl: Option<u32>,
+    /// Maximum deliveries of each job (default 1).
+    #[arg(long)]
+    tries: Option<u16>,
+    /// Default time-to-run of a reservation, in seconds.
+    #[arg(long)]
+    ttr: Option<u32>,
+    /// 0 is most urgent (default 1024).
+    #[arg(long)]
+    priority: Option<u32>,
+    /// An attribute `name=value` of the jobs (repeatable).
+    #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = parse_attr)]
+    attrs: Vec<(String, String)>,
+    /// No occurrence before this time, unix milliseconds (default: now).
+    #[arg(long, value_name = "MS")]
+    start_at_ms: Option<u64>,
+    /// No occurrence after this time, unix milliseconds (default: none).
+    #[arg(long, value_name = "MS")]
+    end_at_ms: Option<u64>,
+    /// Occurrences missed by more than a period (an outage): publish the latest (default),
+    /// none or all of them.
+    #[arg(long, value_parser = ["latest", "none", "all"])]
+    catch_up: Option<String>,
+}
+
 /// `--attr NAME=VALUE`, checked here so that a name or value no header can carry is a usage
 /// error rather than a failed request.
 fn parse_attr(s: &str) -> Result<(String, String), String> {
@@ -410,6 +547,8 @@ async fn execute(client: &Client, command: Command) -> Result<Output> {
             Output::new(v, human)
         }
         Command::Deadletter(d) => return deadletter(client, d).await,
+        Command::Webhook(w) => return webhook(client, w).await,
+        Command::Schedule(sc) => return schedule(client, sc).await,
     })
 }
 
@@ -545,6 +684,91 @@ async fn deadletter(client: &Client, command: DeadCmd) -> Result<Output> {
     })
 }
 
+async fn webhook(client: &Client, command: WebhookCmd) -> Result<Output> {
+    Ok(match command {
+        WebhookCmd::Set(w) => {
+            let body = json!({
+                "url": w.url,
+                "timeout_ms": w.hook_timeout_ms,
+                "max_in_flight": w.max_in_flight,
+                "rate_per_s": w.rate_per_s,
+                "backoff_initial_ms": w.backoff_initial_ms,
+                "backoff_max_ms": w.backoff_max_ms,
+                "secret": w.secret,
+            });
+            let call = Call::new(Method::PUT, &["api", &w.ns, &w.queue, "webhook"]).json(body);
+            let reply = client.send(call).await?;
+            let replaced = reply.status == StatusCode::OK;
+            let v = reply.ok()?;
+            let human = render::webhook(&v);
+            let note = format!(
+                "{}the secret is shown only this once: store it now",
+                if replaced { "replaced the queue's webhook; " } else { "" }
+            );
+            Output { note: Some(note), ..Output::new(v, human) }
+        }
+        WebhookCmd::Show { ns, queue } => {
+            let v = client.send(Call::new(Method::GET, &["api", &ns, &queue, "webhook"])).await?;
+            let v = v.ok()?;
+            let human = render::webhook(&v);
+            Output::new(v, human)
+        }
+        WebhookCmd::Delete { ns, queue } => {
+            let call = Call::new(Method::DELETE, &["api", &ns, &queue, "webhook"]);
+            let v = client.send(call).await?.ok()?;
+            Output::new(or_empty(v), line("deleted"))
+        }
+    })
+}
+
+async fn schedule(client: &Client, command: ScheduleCmd) -> Result<Output> {
+    Ok(match command {
+        ScheduleCmd::Set(sc) => {
+            let data = sc.data.map(|d| base64::engine::general_purpose::STANDARD.encode(d));
+            let attributes: serde_json::Map<String, Value> =
+                sc.attrs.into_iter().map(|(name, value)| (name, Value::from(value))).collect();
+            let body = json!({
+                "cron": sc.cron,
+                "every_ms": sc.every_ms,
+                "tz": sc.tz,
+                "data": data,
+                "ttl": sc.ttl,
+                "tries": sc.tries,
+                "ttr": sc.ttr,
+                "priority": sc.priority,
+                "attributes": attributes,
+                "start_at_ms": sc.start_at_ms,
+                "end_at_ms": sc.end_at_ms,
+                "catch_up": sc.catch_up,
+            });
+            let segments = ["api", &sc.ns, &sc.queue, "schedules", &sc.name];
+            let reply = client.send(Call::new(Method::PUT, &segments).json(body)).await?;
+            let replaced = reply.status == StatusCode::OK;
+            let v = reply.ok()?;
+            let human = render::schedule(&v);
+            let note = replaced.then(|| format!("replaced the schedule {}", sc.name));
+            Output { note, ..Output::new(v, human) }
+        }
+        ScheduleCmd::List { ns, queue } => {
+            let call = Call::new(Method::GET, &["api", &ns, &queue, "schedules"]);
+            let v = client.send(call).await?.ok()?;
+            let human = render::schedules(&v);
+            Output::new(v, human)
+        }
+        ScheduleCmd::Show { ns, queue, name } => {
+            let call = Call::new(Method::GET, &["api", &ns, &queue, "schedules", &name]);
+            let v = client.send(call).await?.ok()?;
+            let human = render::schedule(&v);
+            Output::new(v, human)
+        }
+        ScheduleCmd::Delete { ns, queue, name } => {
+            let call = Call::new(Method::DELETE, &["api", &ns, &queue, "schedules", &name]);
+            let v = client.send(call).await?.ok()?;
+            Output::new(or_empty(v), line("deleted"))
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -592,6 +816,39 @@ mod tests {
             anyhow::bail!("not a token delete")
         };
         assert_eq!(revoke, "victim");
+        Ok(())
+    }
+
+    #[test]
+    fn schedule_timetables() -> Result<()> {
+        let cli = parse(&["schedule", "set", "ns", "q", "s", "--cron", "0 * * * * *"])?;
+        let Command::Schedule(ScheduleCmd::Set(sc)) = cli.command else {
+            anyhow::bail!("not a schedule set")
+        };
+        assert_eq!(sc.cron.as_deref(), Some("0 * * * * *"));
+        let kind = |args: &[&str]| parse(args).err().map(|e| e.kind());
+        let base = ["schedule", "set", "ns", "q", "s"];
+        use clap::error::ErrorKind;
+        assert_eq!(kind(&base), Some(ErrorKind::MissingRequiredArgument));
+        let both = [&base[..], &["--cron", "* * * * * *", "--every-ms", "1000"]].concat();
+        assert_eq!(kind(&both), Some(ErrorKind::ArgumentConflict));
+        let tz_every = [&base[..], &["--every-ms", "1000", "--tz", "UTC"]].concat();
+        assert_eq!(kind(&tz_every), Some(ErrorKind::ArgumentConflict));
+        let catch_up = [&base[..], &["--every-ms", "1000", "--catch-up", "some"]].concat();
+        assert_eq!(kind(&catch_up), Some(ErrorKind::InvalidValue));
+        Ok(())
+    }
+
+    /// The webhook's own time limit must not take the global `--timeout-ms`.
+    #[test]
+    fn webhook_timeout_is_not_the_request_timeout() -> Result<()> {
+        let args = ["webhook", "set", "ns", "q", "http://h/x", "--webhook-timeout-ms", "500"];
+        let cli = parse(&[&args[..], &["--timeout-ms", "50"]].concat())?;
+        assert_eq!(cli.global.timeout_ms, 50);
+        let Command::Webhook(WebhookCmd::Set(w)) = cli.command else {
+            anyhow::bail!("not a webhook set")
+        };
+        assert_eq!(w.hook_timeout_ms, Some(500));
         Ok(())
     }
 

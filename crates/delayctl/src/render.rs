@@ -198,6 +198,65 @@ pub fn dead_jobs(d: &Value) -> String {
     out
 }
 
+/// `/api/{ns}/{q}/webhook`: its settings, and its secret when the answer has it (a set).
+pub fn webhook(w: &Value) -> String {
+    let mut items: Vec<(&str, String)> = Vec::new();
+    for field in [
+        "url",
+        "timeout_ms",
+        "max_in_flight",
+        "rate_per_s",
+        "backoff_initial_ms",
+        "backoff_max_ms",
+        "secret",
+    ] {
+        if field != "secret" || !w[field].is_null() {
+            items.push((field, cell(&w[field])));
+        }
+    }
+    pairs(&items)
+}
+
+/// A schedule's timetable in one cell: `cron <expr> (<zone>)` or `every <n> ms`.
+pub fn timetable(s: &Value) -> String {
+    if !s["cron"].is_null() {
+        format!("cron {} ({})", cell(&s["cron"]), cell(&s["tz"]))
+    } else if !s["every_ms"].is_null() {
+        format!("every {} ms", cell(&s["every_ms"]))
+    } else {
+        "-".to_string()
+    }
+}
+
+/// `/api/{ns}/{q}/schedules/{name}`: its timetable and window, then the job it publishes.
+/// `next_at_ms` is `-` once the window has no occurrence left.
+pub fn schedule(s: &Value) -> String {
+    let mut items: Vec<(&str, String)> = vec![
+        ("name", cell(&s["name"])),
+        ("timetable", timetable(s)),
+        ("next_at_ms", cell(&s["next_at_ms"])),
+        ("start_at_ms", cell(&s["start_at_ms"])),
+        ("end_at_ms", cell(&s["end_at_ms"])),
+        ("catch_up", cell(&s["catch_up"])),
+        ("ttl", format!("{} s", cell(&s["ttl"]))),
+        ("tries", cell(&s["tries"])),
+        ("ttr", format!("{} s", cell(&s["ttr"]))),
+        ("priority", cell(&s["priority"])),
+        ("attributes", cell(&s["attributes"])),
+    ];
+    let (text, is_text) = body(s);
+    items.push((if is_text { "body" } else { "body_base64" }, text));
+    pairs(&items)
+}
+
+/// `GET /api/{ns}/{q}/schedules`: one row per schedule.
+pub fn schedules(list: &Value) -> String {
+    let list = list["schedules"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let rows: Vec<Vec<String>> =
+        list.iter().map(|s| vec![cell(&s["name"]), timetable(s), cell(&s["next_at_ms"])]).collect();
+    table(&["name", "timetable", "next_at_ms"], &rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +339,38 @@ node 3: connection refused
         let out = stats(&s);
         assert!(out.starts_with("paused       false\ndelayed      2\n"), "{out}");
         assert!(out.ends_with("le_ms  count\n60000  1\n+inf   2\n"), "{out}");
+    }
+
+    #[test]
+    fn webhooks_show_the_secret_only_when_given() {
+        let w = json!({"namespace": "ns", "queue": "q", "url": "http://h/x", "timeout_ms": 10000,
+            "max_in_flight": 32, "rate_per_s": 0, "backoff_initial_ms": 1000,
+            "backoff_max_ms": 300000});
+        let out = webhook(&w);
+        assert!(out.starts_with("url                 http://h/x\n"), "{out}");
+        assert!(!out.contains("secret"), "{out}");
+        let mut with_secret = w.clone();
+        with_secret["secret"] = json!("s3cr3t");
+        assert!(webhook(&with_secret).ends_with("secret              s3cr3t\n"));
+    }
+
+    #[test]
+    fn schedules_as_a_table_and_one_by_one() {
+        let list = json!({"schedules": [
+            {"name": "nightly", "cron": "0 0 3 * * *", "tz": "Europe/Paris",
+             "next_at_ms": 1767225600000u64},
+            {"name": "tick", "every_ms": 60000, "next_at_ms": null}]});
+        assert_eq!(
+            schedules(&list),
+            "name     timetable                        next_at_ms\n\
+             nightly  cron 0 0 3 * * * (Europe/Paris)  1767225600000\n\
+             tick     every 60000 ms                   -\n"
+        );
+        let s = json!({"name": "tick", "every_ms": 60000, "next_at_ms": 5, "ttl": 0,
+            "ttr": 60, "attributes": {}, "data": "aGk="});
+        let out = schedule(&s);
+        assert!(out.starts_with("name         tick\ntimetable    every 60000 ms\n"), "{out}");
+        assert!(out.contains("\nttr          60 s\n") && out.ends_with("body         hi\n"));
     }
 
     #[test]
