@@ -7,6 +7,9 @@
 //! times at most) until it sees that mark. Numbers are read from the `data-testid` /
 //! `data-value` attributes of the dumped DOM by plain string scanning.
 //!
+//! The queue it inspects also pushes to a webhook nobody listens at and has a schedule, so
+//! the page must show both, and the jobs whose push failed must show why in the dead letter.
+//!
 //! Without a browser the test is skipped with a message, unless `DELAYD_REQUIRE_BROWSER=1`
 //! (CI), when it fails. `UPDATE_SCREENSHOT=1` copies the screenshot it takes to
 //! `docs/dashboard.png`.
@@ -154,11 +157,7 @@ impl Dom {
         let at = tag.find(&key).with_context(|| format!("{testid} has no {name}: {tag}"))?;
         let rest = &tag[at + key.len()..];
         let value = &rest[..rest.find('"').context("unterminated attribute")?];
-        Ok(value
-            .replace("&quot;", "\"")
-            .replace("&lt;", "<")
-            .replace("&gt;", ">")
-            .replace("&amp;", "&"))
+        Ok(unescape(value))
     }
 
     /// The raw number the element with this `data-testid` shows (`data-value`).
@@ -172,13 +171,22 @@ impl Dom {
         let tag = self.tag(testid)?;
         let at = self.0.find(tag).context("tag vanished")? + tag.len();
         let rest = &self.0[at..];
-        Ok(rest[..rest.find('<').unwrap_or(rest.len())].trim().to_string())
+        Ok(unescape(rest[..rest.find('<').unwrap_or(rest.len())].trim()))
     }
 
     /// How many elements have a `data-testid` starting with `prefix`.
     fn count(&self, prefix: &str) -> usize {
         self.0.matches(&format!(r#"data-testid="{prefix}"#)).count()
     }
+}
+
+/// Undoes the escaping of serialised HTML text and attribute values.
+fn unescape(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&nbsp;", "\u{a0}")
+        .replace("&amp;", "&")
 }
 
 const STATES: [&str; 4] = ["delayed", "ready", "reserved", "dead"];
@@ -202,9 +210,12 @@ async fn dashboard_shows_what_the_api_says() -> Result<()> {
             .await?;
     let api = Admin { http: reqwest::Client::new(), base: server.url.clone() };
 
-    // billing/invoices: 3 delayed (two due in an hour, one in a day), 2 ready, 1 reserved,
-    // 1 dead. The most urgent job (priority 0, one try) is reserved with a 1 s ttr and left to
-    // expire into the dead letter.
+    // billing/invoices: 3 delayed (two due in an hour, one in a day), 1 reserved, 4 dead. The
+    // most urgent job (priority 0, one try) is reserved with a 1 s ttr and left to expire into
+    // the dead letter. Then the queue gets a webhook at a port nobody listens on, and an hourly
+    // schedule, whose first occurrence is due at once: the dispatcher pushes the 2 ready jobs
+    // and that occurrence, each push fails, and with one try each they go to the dead letter
+    // with the error in `delayd-last-error`.
     let inv = "billing/invoices";
     let dead_id = api.publish(inv, "priority=0&tries=1", "invoice 4411: card declined").await?;
     for i in 0..3 {
@@ -219,6 +230,21 @@ async fn dashboard_shows_what_the_api_says() -> Result<()> {
         Ok((n(&api.get(&format!("/api/{inv}/stats")).await?, "dead")? == 1).then_some(()))
     })
     .await?;
+    let hook_url = "http://127.0.0.1:9/hook";
+    let (st, v) =
+        api.put(&format!("/api/{inv}/webhook"), &format!(r#"{{"url": "{hook_url}"}}"#)).await?;
+    ensure!(st == 201, "set webhook: {st} {v}");
+    let schedule = "hourly-summary";
+    let (st, v) =
+        api.put(&format!("/api/{inv}/schedules/{schedule}"), r#"{"every_ms": 3600000}"#).await?;
+    ensure!(st == 201, "set schedule: {st} {v}");
+    eventually(Duration::from_secs(20), || async {
+        let stats = api.get(&format!("/api/{inv}/stats")).await?;
+        let counts = STATES.iter().map(|st| n(&stats, st)).collect::<Result<Vec<_>>>()?;
+        Ok((counts == [3, 0, 1, 4]).then_some(()))
+    })
+    .await
+    .context("the failed pushes never settled in the dead letter")?;
 
     // mail/welcome: 4 ready, 1 delayed; mail/digest: 2 delayed a day, paused.
     for i in 0..4 {
@@ -243,7 +269,7 @@ async fn dashboard_shows_what_the_api_says() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let want: BTreeMap<String, Vec<u64>> = [
-        ("billing/invoices", vec![3, 2, 1, 1]),
+        ("billing/invoices", vec![3, 0, 1, 4]),
         ("mail/digest", vec![2, 0, 0, 0]),
         ("mail/welcome", vec![1, 4, 0, 0]),
     ]
@@ -306,14 +332,69 @@ async fn dashboard_shows_what_the_api_says() -> Result<()> {
     // Two jobs due within the hour, one within the day.
     ensure!(per_bucket == [0, 0, 2, 1, 0], "histogram {stats}");
     ensure!(dom.attr("hist-bucket-2", "data-label")? == "≤1h", "bucket label");
-    ensure!(dom.num("dl-size")? == 1, "dead letter size");
+    ensure!(dom.num("dl-size")? == 4, "dead letter size");
     ensure!(dom.num(&format!("dl-attempts-{dead_id}"))? == 1, "dead job attempts");
     ensure!(dom.text("job-state")? == "dead", "looked-up job state");
     ensure!(dom.text("job-body")? == "invoice 4411: card declined", "looked-up job body");
 
+    // The dead jobs' last failed push: shown for the three the webhook failed, none for the one
+    // whose lease ran out.
+    let dead = api.get(&format!("/api/{inv}/deadletter/jobs?limit=50")).await?;
+    let mut failed_pushes = 0;
+    for job in dead["jobs"].as_array().context("dead jobs")? {
+        let id = s(job, "job_id")?;
+        ensure!(dom.count(&format!("dl-row-{id}")) == 1, "dead job {id} listed");
+        match job["attributes"]["delayd-last-error"].as_str() {
+            Some(error) => {
+                failed_pushes += 1;
+                let shown = dom.text(&format!("dl-error-{id}"))?;
+                ensure!(shown == error, "{id}'s last error: page {shown:?}, API {error:?}");
+            }
+            None => ensure!(dom.count(&format!("dl-error-{id}")) == 0, "{id} has no last error"),
+        }
+    }
+    ensure!(failed_pushes == 3, "three failed pushes: {dead}");
+    ensure!(dom.count(&format!("dl-error-{dead_id}")) == 0, "the expired job has no push error");
+
+    // The webhook, as the API shows it.
+    let hook = api.get(&format!("/api/{inv}/webhook")).await?;
+    ensure!(dom.text("webhook-mode")? == "push", "webhook mode");
+    ensure!(dom.text("webhook-url")? == hook_url, "webhook url");
+    ensure!(dom.num("webhook-timeout")? == n(&hook, "timeout_ms")?, "webhook timeout");
+    ensure!(dom.text("webhook-timeout")? == "10s", "webhook timeout shown");
+    ensure!(dom.num("webhook-max-in-flight")? == n(&hook, "max_in_flight")?, "max in flight");
+    ensure!(dom.num("webhook-rate")? == n(&hook, "rate_per_s")?, "rate");
+    ensure!(dom.text("webhook-rate")? == "no limit", "rate shown");
+    ensure!(dom.num("webhook-backoff-initial")? == n(&hook, "backoff_initial_ms")?, "backoff");
+    ensure!(dom.num("webhook-backoff-max")? == n(&hook, "backoff_max_ms")?, "backoff max");
+    ensure!(dom.text("webhook-backoff-max")? == "5m", "largest backoff shown");
+
+    // The schedule: its name, timetable and next occurrence (an hour after the first).
+    let schedules = api.get(&format!("/api/{inv}/schedules")).await?;
+    let listed = schedules["schedules"].as_array().context("schedules")?;
+    ensure!(listed.len() == 1, "one schedule: {schedules}");
+    ensure!(dom.num("sc-count")? == 1, "schedule count");
+    ensure!(dom.count("sc-row-") == 1, "schedule rows");
+    ensure!(dom.text(&format!("sc-name-{schedule}"))? == schedule, "schedule name");
+    ensure!(dom.text(&format!("sc-timetable-{schedule}"))? == "every 1h", "timetable");
+    ensure!(dom.num(&format!("sc-timetable-{schedule}"))? == 3_600_000, "period");
+    let next = n(&listed[0], "next_at_ms")?;
+    ensure!(dom.num(&format!("sc-next-{schedule}"))? == next, "next occurrence: {schedules}");
+    ensure!(dom.text(&format!("sc-next-{schedule}"))?.contains(" UTC (in "), "next shown");
+    ensure!(dom.text(&format!("sc-catchup-{schedule}"))? == s(&listed[0], "catch_up")?, "catch-up");
+
+    // A pull-only queue without schedules says so.
+    let welcome = format!("{page}&queue=mail/welcome");
+    let dom = loaded_dom(&browser, profile.path(), &welcome, &["data-selected-loaded"]).await?;
+    ensure!(dom.text("selected-queue")? == "mail/welcome", "selected queue");
+    ensure!(dom.text("webhook-mode")? == "pull only", "no webhook");
+    ensure!(dom.text("webhook-message")? == "Pull only: no webhook.", "no webhook message");
+    ensure!(dom.num("sc-count")? == 0, "no schedules");
+    ensure!(dom.count("sc-row-") == 0, "no schedule rows");
+
     // The screenshot, of the same view.
     let shot = dir.path().join("dashboard.png");
-    let args = [format!("--screenshot={}", shot.display()), "--window-size=1400,1000".into()];
+    let args = [format!("--screenshot={}", shot.display()), "--window-size=1400,1360".into()];
     browse(&browser, profile.path(), &args, &selected).await?;
     let png = std::fs::read(&shot).context("no screenshot written")?;
     ensure!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "screenshot looks empty");

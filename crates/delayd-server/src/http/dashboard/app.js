@@ -11,6 +11,8 @@
 const REFRESH_MS = 3000;
 const TOKEN_KEY = "delayd.adminToken";
 const DEAD_LIMIT = 50;
+// The attribute in which a job records its last failed push (a webhook's answer or error).
+const LAST_ERROR = "delayd-last-error";
 
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -123,6 +125,27 @@ function fmtWindow(ms) {
   return ms / 1000 + "s";
 }
 
+// An exact period: 3600000 → "1h", 5400000 → "1h 30m", 1500 → "1s 500ms".
+function fmtPeriod(ms) {
+  if (typeof ms !== "number") return "–";
+  if (ms === 0) return "0ms";
+  const units = [
+    ["d", 86400000],
+    ["h", 3600000],
+    ["m", 60000],
+    ["s", 1000],
+    ["ms", 1],
+  ];
+  const parts = [];
+  let rest = ms;
+  for (const [unit, size] of units) {
+    const n = Math.floor(rest / size);
+    if (n > 0) parts.push(n + unit);
+    rest -= n * size;
+  }
+  return parts.join(" ");
+}
+
 function fmtTime(ms) {
   const d = new Date(ms);
   const rel = ms - Date.now();
@@ -143,6 +166,7 @@ function decodeBody(b64) {
 function bodyPreview(b64, max) {
   const body = decodeBody(b64);
   if (body.text === null) return `(${body.bytes} bytes of binary data)`;
+  if (body.bytes === 0) return "(empty)";
   const flat = body.text.replace(/\s+/g, " ");
   return flat.length > max ? flat.slice(0, max) + "…" : flat;
 }
@@ -354,23 +378,132 @@ function renderChart(hist) {
   $("chart").replaceChildren(svg);
 }
 
+// ---- the selected queue: webhook ----
+
+// `hook` is the webhook, null when the queue has none (404), or {error} when it could not be read.
+function renderWebhook(sel, hook) {
+  $("wh-name").textContent = sel.ns + "/" + sel.q;
+  const mode = $("wh-mode");
+  const message = $("wh-empty");
+  if (!hook || hook.error) {
+    $("wh-body").hidden = true;
+    message.hidden = false;
+    message.textContent = hook ? "Cannot read the webhook: " + hook.error : "Pull only: no webhook.";
+    message.className = hook ? "message error" : "muted";
+    mode.textContent = hook ? "" : "pull only";
+    mode.dataset.value = hook ? "" : "pull";
+    return;
+  }
+  message.hidden = true;
+  $("wh-body").hidden = false;
+  mode.textContent = "push";
+  mode.dataset.value = "push";
+  $("webhook-url").textContent = hook.url;
+  const period = (id, ms) => {
+    $(id).textContent = fmtPeriod(ms);
+    $(id).dataset.value = String(ms);
+  };
+  period("webhook-timeout", hook.timeout_ms);
+  setCount("webhook-max-in-flight", hook.max_in_flight);
+  $("webhook-max-in-flight").textContent += hook.max_in_flight === 1 ? " request at most" : " requests at most";
+  $("webhook-rate").textContent = hook.rate_per_s === 0 ? "no limit" : fmtCount(hook.rate_per_s) + " requests/s";
+  $("webhook-rate").dataset.value = String(hook.rate_per_s);
+  period("webhook-backoff-initial", hook.backoff_initial_ms);
+  period("webhook-backoff-max", hook.backoff_max_ms);
+}
+
+// ---- the selected queue: schedules ----
+
+// When a schedule fires: "every 1h" (the raw period in data-value), or its cron expression and
+// time zone (the expression in data-value).
+function timetable(sc, testid) {
+  if (typeof sc.every_ms === "number") {
+    return el("span", { testid, title: `every ${sc.every_ms} ms`, value: sc.every_ms }, "every " + fmtPeriod(sc.every_ms));
+  }
+  return el("span", { testid, class: "mono", title: "cron, in " + (sc.tz || "UTC"), value: sc.cron }, `${sc.cron || "–"} (${sc.tz || "UTC"})`);
+}
+
+// `data` is the answer of GET …/schedules, or {error} when it could not be read.
+function renderSchedules(sel, data) {
+  $("sc-name").textContent = sel.ns + "/" + sel.q;
+  const message = $("sc-empty");
+  if (data.error) {
+    $("sc-body").hidden = true;
+    message.hidden = false;
+    message.textContent = "Cannot read the schedules: " + data.error;
+    message.className = "message error";
+    $("sc-count").textContent = "–";
+    delete $("sc-count").dataset.value;
+    return;
+  }
+  const list = data.schedules || [];
+  setCount("sc-count", list.length);
+  message.hidden = list.length > 0;
+  message.textContent = "No schedules: nothing recurs in this queue.";
+  message.className = "muted";
+  $("sc-body").hidden = list.length === 0;
+  const rows = list.map((sc) => {
+    const span = [];
+    if (sc.start_at_ms > Date.now()) span.push("from " + fmtTime(sc.start_at_ms));
+    if (typeof sc.end_at_ms === "number") span.push("until " + fmtTime(sc.end_at_ms));
+    const next = typeof sc.next_at_ms === "number";
+    return el(
+      "tr",
+      { testid: "sc-row-" + sc.name },
+      el("td", { class: "mono", testid: "sc-name-" + sc.name }, sc.name),
+      el(
+        "td",
+        { class: "wrap" },
+        timetable(sc, "sc-timetable-" + sc.name),
+        span.length ? el("div", { class: "muted small", testid: "sc-window-" + sc.name }, span.join(", ")) : "",
+      ),
+      el(
+        "td",
+        { class: next ? "wrap" : "wrap muted", testid: "sc-next-" + sc.name, value: next ? sc.next_at_ms : "" },
+        next ? fmtTime(sc.next_at_ms) : "ended",
+      ),
+      el("td", { testid: "sc-catchup-" + sc.name }, sc.catch_up || "–"),
+    );
+  });
+  $("sc-rows").replaceChildren(...rows);
+}
+
 // ---- the selected queue: dead letter ----
+
+function lastError(job) {
+  const attrs = job.attributes || {};
+  return Object.prototype.hasOwnProperty.call(attrs, LAST_ERROR) ? String(attrs[LAST_ERROR]) : null;
+}
 
 function renderDead(d) {
   $("dl-name").textContent = d.namespace + "/" + d.queue;
   $("dl-empty").hidden = true;
   $("dl-body").hidden = false;
   setCount("dl-size", d.size);
-  const rows = d.jobs.map((j) =>
-    el(
+  const rows = d.jobs.flatMap((j) => {
+    const error = lastError(j);
+    const row = el(
       "tr",
-      { testid: "dl-row-" + j.job_id },
+      { testid: "dl-row-" + j.job_id, class: error === null ? "" : "has-error" },
       el("td", { class: "mono" }, el("a", { href: "#", "data-job": j.job_id, class: "job-link" }, j.job_id)),
       countCell("dl-attempts-" + j.job_id, j.attempt),
       el("td", { class: "num", testid: "dl-age-" + j.job_id, value: j.elapsed_ms }, fmtDuration(j.elapsed_ms)),
       el("td", { class: "preview" }, bodyPreview(j.data, 80)),
-    ),
-  );
+    );
+    if (error === null) return [row];
+    // The last failed push, under the job's row: why it is dead.
+    const why = el(
+      "tr",
+      { class: "error-row" },
+      el(
+        "td",
+        { colspan: "4" },
+        el("span", { class: "error-label" }, "last error"),
+        el("span", { class: "error-text mono", testid: "dl-error-" + j.job_id }, error),
+      ),
+    );
+    return [row, why];
+  });
   if (rows.length === 0) rows.push(el("tr", {}, el("td", { colspan: "4", class: "muted" }, "The dead letter is empty.")));
   $("dl-rows").replaceChildren(...rows);
   $("dl-note").textContent = d.size > d.jobs.length ? `Showing the oldest ${d.jobs.length} of ${fmtCount(d.size)}.` : "";
@@ -381,12 +514,23 @@ function renderDead(d) {
 async function refreshSelected() {
   const sel = state.selected;
   if (!sel) return;
-  const [stats, dead] = await Promise.all([
+  // The webhook and the schedules are read on the side: failing to read them (or a queue
+  // without a webhook, 404) leaves the rest of the queue's view working.
+  const aside = (p) =>
+    p.catch((e) => {
+      if (e instanceof AuthError) throw e;
+      return { error: e.message, status: e.status };
+    });
+  const [stats, dead, hook, schedules] = await Promise.all([
     api("GET", queuePath(sel) + "/stats"),
     api("GET", `${queuePath(sel)}/deadletter/jobs?limit=${DEAD_LIMIT}`),
+    aside(api("GET", queuePath(sel) + "/webhook")),
+    aside(api("GET", queuePath(sel) + "/schedules")),
   ]);
   if (state.selected !== sel) return; // another queue was picked meanwhile
   renderStats(stats);
+  renderWebhook(sel, hook.error && hook.status === 404 ? null : hook);
+  renderSchedules(sel, schedules);
   renderDead(dead);
   document.body.dataset.selectedLoaded = "1";
 }
@@ -473,6 +617,11 @@ function selectedFailed(e) {
   $("sel-body").hidden = true;
   $("sel-empty").hidden = false;
   $("sel-empty").textContent = "Cannot read this queue: " + e.message;
+  for (const p of ["wh", "sc"]) {
+    $(p + "-body").hidden = true;
+    $(p + "-empty").hidden = false;
+    $(p + "-empty").textContent = "Cannot read this queue.";
+  }
 }
 
 function handleError(e) {
