@@ -14,6 +14,11 @@ pub fn job(kv: &impl KvRead, queue: &QueueName, id: JobId) -> Result<Option<Job>
     Ok(job.filter(|j| &j.queue == queue))
 }
 
+/// One job by id, whatever its queue (for protocols whose job ids are global).
+pub fn job_anywhere(kv: &impl KvRead, id: JobId) -> Result<Option<Job>, KvError> {
+    kv.get(Cf::Jobs, &id.to_bytes())?.map(|v| decode(&v)).transpose()
+}
+
 /// The live job holding a client key.
 pub fn job_by_key(kv: &impl KvRead, queue: &QueueName, key: &str) -> Result<Option<Job>, KvError> {
     let rec: Option<KeyRecord> =

@@ -61,6 +61,10 @@ pub struct Config {
     pub lease_reads: bool,
     /// Who may call what (see `service/auth.rs`).
     pub auth: AuthConfig,
+    /// Where to serve the Disque protocol (RESP2); `None`: not served.
+    pub disque_addr: Option<SocketAddr>,
+    /// The namespace Disque clients' queues live in.
+    pub disque_namespace: String,
     /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
     /// it to inject clock skew; never enable it in production.
     pub debug_clock: bool,
@@ -95,6 +99,8 @@ impl Default for Config {
             transfer_timeout_ms: c.timing.transfer_timeout_ms,
             lease_reads: c.lease_reads,
             auth: AuthConfig::default(),
+            disque_addr: None,
+            disque_namespace: "disque".into(),
             debug_clock: false,
         }
     }
@@ -147,6 +153,8 @@ impl Config {
                 MAX_HORIZON_LIMIT.as_secs()
             ));
         }
+        crate::service::validate::check_name("namespace", &self.disque_namespace)
+            .map_err(|e| format!("disque_namespace: {e}"))?;
         self.http.validate()
     }
 

@@ -36,6 +36,7 @@
 //! it, with file names.
 
 pub mod config;
+pub mod disque;
 mod error;
 pub mod grpc;
 pub mod http;

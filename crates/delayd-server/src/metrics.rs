@@ -101,6 +101,8 @@ pub struct Metrics {
     grpc_requests: IntCounterVec,
     grpc_seconds: HistogramVec,
     token_catch_ups: IntCounter,
+    protocol_requests: IntCounterVec,
+    protocol_seconds: HistogramVec,
 
     jobs_events: JobCounters,
     timer_lateness: Histogram,
@@ -216,6 +218,18 @@ impl Metrics {
                 "delayd_grpc_request_duration_seconds",
                 "gRPC client API call durations until the response head, by method.",
                 &["method"],
+                REQUEST_SECONDS,
+            )?,
+            protocol_requests: b.counter(
+                "delayd_protocol_requests_total",
+                "Commands of the other wire protocols (disque) answered, by command and \
+                 outcome (ok, error).",
+                &["protocol", "command", "outcome"],
+            )?,
+            protocol_seconds: b.histogram(
+                "delayd_protocol_request_duration_seconds",
+                "Command durations of the other wire protocols, by command.",
+                &["protocol", "command"],
                 REQUEST_SECONDS,
             )?,
             token_catch_ups: b.add(IntCounter::new(
@@ -367,6 +381,12 @@ impl Metrics {
     pub fn grpc_request(&self, method: &str, code: &str, took: Duration) {
         self.grpc_requests.with_label_values(&[method, code]).inc();
         self.grpc_seconds.with_label_values(&[method]).observe(took.as_secs_f64());
+    }
+
+    /// Records one command of another wire protocol (`command` from a bounded set).
+    pub fn protocol_request(&self, protocol: &str, command: &str, outcome: &str, took: Duration) {
+        self.protocol_requests.with_label_values(&[protocol, command, outcome]).inc();
+        self.protocol_seconds.with_label_values(&[protocol, command]).observe(took.as_secs_f64());
     }
 
     /// Records a webhook request sent `late_ms` after its job was due.

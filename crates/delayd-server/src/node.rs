@@ -56,13 +56,32 @@ impl Node {
             Cluster::open(config.cluster(), parts.observer(), metrics.store().clone()).await?;
         // With port 0 (tests) the cluster bound a port of the OS's choice: advertise it.
         config.grpc_addr = cluster.config().grpc_addr;
+        let disque = match config.disque_addr {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                    ServiceError::Internal(format!("cannot listen on {addr} (disque_addr): {e}"))
+                })?;
+                config.disque_addr = Some(
+                    listener
+                        .local_addr()
+                        .map_err(|e| ServiceError::Internal(format!("disque_addr: {e}")))?,
+                );
+                Some(listener)
+            }
+            None => None,
+        };
         let service = Service::new(config, cluster.clone(), parts);
         let api = tonic::service::Routes::new(crate::grpc::server(&service));
         cluster.serve(Some(api)).await?;
         let leader_watch = tokio::spawn(watch_leader(cluster.clone(), metrics));
         let dispatcher = tokio::spawn(crate::push::run(service.clone()));
         let scheduler = tokio::spawn(crate::scheduler::run(service.clone()));
-        let tasks = Mutex::new(vec![leader_watch, dispatcher, scheduler]);
+        let mut tasks = vec![leader_watch, dispatcher, scheduler];
+        if let Some(listener) = disque {
+            tracing::info!(addr = ?service.config().disque_addr, "serving the Disque protocol");
+            tasks.push(tokio::spawn(crate::disque::serve(listener, service.clone())));
+        }
+        let tasks = Mutex::new(tasks);
         Ok(Node { inner: Arc::new(Inner { service, cluster, tasks }) })
     }
 

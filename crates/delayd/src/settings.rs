@@ -55,6 +55,12 @@ pub struct Settings {
     #[arg(long, env = "DELAYD_JOIN", num_args = 0..=1, default_missing_value = "true",
           value_parser = BoolishValueParser::new())]
     pub join: Option<bool>,
+    /// Serve the Disque protocol (RESP2) on this address, e.g. 127.0.0.1:7711 [default: off].
+    #[arg(long, env = "DELAYD_DISQUE_ADDR")]
+    pub disque_addr: Option<SocketAddr>,
+    /// The namespace Disque clients' queues live in [default: disque].
+    #[arg(long, env = "DELAYD_DISQUE_NAMESPACE")]
+    pub disque_namespace: Option<String>,
     /// Largest job body accepted, in bytes [default: 1048576].
     #[arg(long, env = "DELAYD_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
@@ -164,6 +170,8 @@ impl Settings {
             advertise_addr: None,
             peers: Some(String::new()),
             join: Some(c.join),
+            disque_addr: None,
+            disque_namespace: Some(c.disque_namespace.clone()),
             max_body_bytes: Some(c.max_body_bytes),
             max_entry_bytes: Some(c.max_entry_bytes),
             max_horizon_s: Some(c.max_horizon.as_secs()),
@@ -196,7 +204,7 @@ impl Settings {
         layer!(a, b;
             node_id, data_dir, http_addr, http_header_timeout_ms, http_idle_timeout_ms,
             http_max_connections, grpc_addr, advertise_addr, peers, join,
-            max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
+            disque_addr, disque_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
             max_in_flight, batch_linger_us,
             tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
             election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token, admin_token_file, public_metrics,
@@ -348,6 +356,8 @@ impl Settings {
                 admin_token,
                 public_metrics: self.public_metrics.unwrap_or(false),
             },
+            disque_addr: self.disque_addr,
+            disque_namespace: self.disque_namespace.clone().unwrap_or(d.disque_namespace.clone()),
             debug_clock: self.debug_clock.unwrap_or(false),
         };
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -149,6 +149,23 @@ impl Service {
         self.read(stale, |v| query::job_by_key(v, queue, key)).await
     }
 
+    /// One job by id in any queue of `namespace` (for protocols whose job ids are global,
+    /// like Disque's). Reads this replica first and, if it does not know the job, catches up
+    /// with the leader once: a job just published through another node is still found.
+    pub async fn job_in_namespace(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        id: JobId,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.authorize(caller, Scope::Namespace(namespace, Access::Read))?;
+        let mine = |job: Option<Job>| job.filter(|j| j.queue.namespace == namespace);
+        if let Some(job) = mine(self.read(true, |v| query::job_anywhere(v, id)).await?) {
+            return Ok(Some(job));
+        }
+        Ok(mine(self.read(false, |v| query::job_anywhere(v, id)).await?))
+    }
+
     /// The next ready job.
     pub async fn peek(
         &self,

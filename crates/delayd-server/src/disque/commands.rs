@@ -1,0 +1,448 @@
+//! Each Disque command as calls on the service. Replies follow Disque's shapes; errors are
+//! the service's messages (`-ERR ...`).
+
+use std::time::Duration;
+
+use delayd_core::{Due, Job, JobId, JobState, Target};
+use tokio::time::Instant;
+
+use super::resp::Reply;
+use crate::error::ServiceError;
+use crate::service::jobs::JobUpdate;
+use crate::service::reserve::ReserveRequest;
+use crate::service::validate::{job_id, queue_name, MAX_RESERVE_COUNT, MAX_WAIT};
+use crate::service::{Principal, PublishParams, Service};
+
+/// Commands with their own metric label; anything else is counted as `unknown`.
+pub(super) const KNOWN: &[&str] = &[
+    "ADDJOB", "GETJOB", "ACKJOB", "FASTACK", "NACK", "WORKING", "QLEN", "QPEEK", "DELJOB", "SHOW",
+    "JSHOW", "ENQUEUE", "DEQUEUE", "PAUSE", "INFO", "HELLO", "PING", "QUIT", "AUTH", "QSCAN",
+    "JSCAN",
+];
+
+/// Disque's default `RETRY`, in seconds: how long a delivered job waits to be acked.
+pub const DEFAULT_RETRY_S: u64 = 300;
+/// Disque's default `TTL`, in seconds.
+pub const DEFAULT_TTL_S: u64 = 86_400;
+
+/// A client connection's state.
+pub(super) struct Connection {
+    /// Who the client is; `None` until `AUTH` when authentication is on.
+    pub(super) principal: Option<Principal>,
+    /// Set by `QUIT`: the connection closes after the reply.
+    pub(super) quit: bool,
+}
+
+fn bad(message: impl Into<String>) -> ServiceError {
+    ServiceError::bad_request(message)
+}
+
+fn text(arg: &[u8]) -> Result<&str, ServiceError> {
+    std::str::from_utf8(arg).map_err(|_| bad("arguments must be UTF-8"))
+}
+
+fn num(arg: &[u8], what: &str) -> Result<u64, ServiceError> {
+    text(arg)?.parse().map_err(|_| bad(format!("invalid {what}: expected a non-negative integer")))
+}
+
+/// A job id as Disque clients see it.
+fn disque_id(id: JobId) -> String {
+    format!("D-{id}")
+}
+
+/// Parses a Disque job id (`D-` and a ULID; the bare ULID is accepted too).
+fn parse_id(arg: &[u8]) -> Result<JobId, ServiceError> {
+    let s = text(arg)?;
+    job_id(s.strip_prefix("D-").unwrap_or(s))
+}
+
+/// Runs one command.
+pub(super) async fn run(s: &Service, conn: &mut Connection, name: &str, args: &[Vec<u8>]) -> Reply {
+    match name {
+        "PING" => match args.first() {
+            None => Reply::Simple("PONG".into()),
+            Some(a) => Reply::Bulk(Some(a.clone())),
+        },
+        "QUIT" => {
+            conn.quit = true;
+            Reply::ok()
+        }
+        "AUTH" => match auth(s, args).await {
+            Ok(principal) => {
+                conn.principal = Some(principal);
+                Reply::ok()
+            }
+            Err(e) => Reply::err(e),
+        },
+        "HELLO" => hello(s),
+        _ => {
+            let Some(caller) = conn.principal.clone() else {
+                return Reply::Error("NOAUTH Authentication required.".into());
+            };
+            match command(s, &caller, name, args).await {
+                Ok(reply) => reply,
+                Err(e) => Reply::err(e),
+            }
+        }
+    }
+}
+
+async fn auth(s: &Service, args: &[Vec<u8>]) -> Result<Principal, ServiceError> {
+    let [token] = args else { return Err(bad("wrong number of arguments for 'auth'")) };
+    let principal = s.authenticate(Some(text(token)?)).await?;
+    let ns = &s.config().disque_namespace;
+    match &principal {
+        Principal::Namespace { record, .. } if &record.namespace != ns => {
+            Err(ServiceError::Forbidden(format!(
+                "the token is for namespace {:?}, not {ns:?}",
+                record.namespace
+            )))
+        }
+        _ => Ok(principal),
+    }
+}
+
+/// This node, as Disque's HELLO lists nodes: `[version, my id, [id, host, port, priority]]`.
+fn hello(s: &Service) -> Reply {
+    let config = s.config();
+    let id = config.node_id.to_string();
+    let (host, port) = match config.disque_addr {
+        Some(a) => (a.ip().to_string(), a.port().to_string()),
+        None => (String::new(), String::new()),
+    };
+    let me = Reply::Array(Some(vec![
+        Reply::text(id.clone()),
+        Reply::text(host),
+        Reply::text(port),
+        Reply::text("1"),
+    ]));
+    Reply::Array(Some(vec![Reply::Int(1), Reply::text(id), me]))
+}
+
+async fn command(
+    s: &Service,
+    caller: &Principal,
+    name: &str,
+    args: &[Vec<u8>],
+) -> Result<Reply, ServiceError> {
+    let ns = s.config().disque_namespace.clone();
+    let queue = |arg: &[u8]| queue_name(&ns, text(arg)?);
+    match name {
+        "ADDJOB" => addjob(s, caller, &ns, args).await,
+        "GETJOB" => getjob(s, caller, &ns, args).await,
+        "ACKJOB" | "FASTACK" => {
+            let mut n = 0;
+            for job in located(s, caller, &ns, args).await? {
+                n += i64::from(s.ack(caller, job.queue, job.id, None).await?);
+            }
+            Ok(Reply::Int(n))
+        }
+        "NACK" => {
+            let mut n = 0;
+            for job in located(s, caller, &ns, args).await? {
+                match s.release(caller, job.queue, job.id, None, 0, None).await {
+                    Ok(_) => n += 1,
+                    // Not delivered (any more): nothing to put back.
+                    Err(ServiceError::Conflict(_) | ServiceError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Reply::Int(n))
+        }
+        "WORKING" => {
+            let [id] = args else { return Err(bad("wrong number of arguments for 'working'")) };
+            let Some(job) = locate(s, caller, &ns, id).await? else {
+                return Ok(Reply::Error("NOJOB Job not known".into()));
+            };
+            let touched = s.touch(caller, job.queue, job.id, None, None).await?;
+            let ttr = touched.lease.map_or(touched.ttr_ms, |l| l.ttr_ms);
+            Ok(Reply::Int(i64::try_from(ttr / 1000).unwrap_or(i64::MAX)))
+        }
+        "QLEN" => {
+            let [q] = args else { return Err(bad("wrong number of arguments for 'qlen'")) };
+            let meta = s.queue_meta(caller, &queue(q)?, false).await?;
+            Ok(Reply::Int(i64::try_from(meta.count(JobState::Ready)).unwrap_or(i64::MAX)))
+        }
+        "QPEEK" => {
+            let [q, count] = args else { return Err(bad("wrong number of arguments for 'qpeek'")) };
+            let count: i64 =
+                text(count)?.parse().map_err(|_| bad("invalid count: expected an integer"))?;
+            if count == 0 {
+                return Ok(Reply::Array(Some(Vec::new())));
+            }
+            // delayd peeks the next job only: at most one whatever the count.
+            let next = s.peek(caller, &queue(q)?, false).await?;
+            Ok(Reply::Array(Some(next.iter().map(|j| job_reply(j, false)).collect())))
+        }
+        "DELJOB" => {
+            let mut n = 0;
+            for job in located(s, caller, &ns, args).await? {
+                n += i64::from(s.cancel(caller, job.queue, Target::Id(job.id)).await?);
+            }
+            Ok(Reply::Int(n))
+        }
+        "ENQUEUE" => {
+            let mut n = 0;
+            for job in located(s, caller, &ns, args).await? {
+                let queued = match job.state {
+                    JobState::Reserved => {
+                        s.release(caller, job.queue, job.id, None, 0, None).await.map(|_| ())
+                    }
+                    JobState::Delayed => {
+                        let now = JobUpdate { due: Some(Due::After(0)), ..JobUpdate::default() };
+                        s.update(caller, job.queue, Target::Id(job.id), now).await.map(|_| ())
+                    }
+                    JobState::Ready | JobState::Dead => continue,
+                };
+                match queued {
+                    Ok(()) => n += 1,
+                    Err(ServiceError::Conflict(_) | ServiceError::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Reply::Int(n))
+        }
+        "SHOW" | "JSHOW" => {
+            let [id] = args else { return Err(bad("wrong number of arguments for 'show'")) };
+            Ok(match locate(s, caller, &ns, id).await? {
+                Some(job) => show(&job, s.now_ms()),
+                None => Reply::Bulk(None),
+            })
+        }
+        "PAUSE" => {
+            let [q, options @ ..] = args else {
+                return Err(bad("wrong number of arguments for 'pause'"));
+            };
+            let q = queue(q)?;
+            let mut state = None;
+            for o in options {
+                match text(o)?.to_ascii_lowercase().as_str() {
+                    "in" | "out" | "all" => state = Some(true),
+                    "none" => state = Some(false),
+                    "state" | "bcast" => {}
+                    other => return Err(bad(format!("invalid PAUSE option {other:?}"))),
+                }
+            }
+            let paused = match state {
+                Some(paused) => {
+                    s.set_paused(caller, q, paused).await?;
+                    paused
+                }
+                None => s.queue_meta(caller, &q, false).await?.paused,
+            };
+            Ok(Reply::text(if paused { "out" } else { "none" }))
+        }
+        "INFO" => {
+            let c = s.config();
+            Ok(Reply::text(format!(
+                "# Server\r\ndisque_version:delayd-{}\r\nnode_id:{}\r\nnamespace:{}\r\n",
+                env!("CARGO_PKG_VERSION"),
+                c.node_id,
+                c.disque_namespace
+            )))
+        }
+        "DEQUEUE" | "QSCAN" | "JSCAN" => {
+            Err(bad(format!("{name} is not supported by delayd (see docs/protocols.md)")))
+        }
+        other => Ok(Reply::err(format!("unknown command '{}'", other.to_ascii_lowercase()))),
+    }
+}
+
+/// `ADDJOB queue job ms-timeout [REPLICATE n] [DELAY s] [RETRY s] [TTL s] [MAXLEN n] [ASYNC]`.
+async fn addjob(
+    s: &Service,
+    caller: &Principal,
+    ns: &str,
+    args: &[Vec<u8>],
+) -> Result<Reply, ServiceError> {
+    let [q, body, timeout, options @ ..] = args else {
+        return Err(bad("wrong number of arguments for 'addjob'"));
+    };
+    num(timeout, "timeout")?;
+    let (mut delay, mut retry, mut ttl, mut maxlen) = (0, DEFAULT_RETRY_S, DEFAULT_TTL_S, None);
+    let mut options = options.iter();
+    while let Some(o) = options.next() {
+        let mut value = |what: &str| match options.next() {
+            Some(v) => num(v, what),
+            None => Err(bad(format!("{what} needs a value"))),
+        };
+        match text(o)?.to_ascii_uppercase().as_str() {
+            // delayd commits every job to a majority before it answers.
+            "REPLICATE" => drop(value("REPLICATE")?),
+            "ASYNC" => {}
+            "DELAY" => delay = value("DELAY")?,
+            "RETRY" => retry = value("RETRY")?,
+            "TTL" => ttl = value("TTL")?,
+            "MAXLEN" => maxlen = Some(value("MAXLEN")?),
+            other => return Err(bad(format!("invalid ADDJOB option {other:?}"))),
+        }
+    }
+    let queue = queue_name(ns, text(q)?)?;
+    if let Some(max) = maxlen {
+        if s.queue_meta(caller, &queue, false).await?.count(JobState::Ready) >= max {
+            return Ok(Reply::Error(
+                "MAXLEN Queue is already longer than the specified MAXLEN count".into(),
+            ));
+        }
+    }
+    let secs = |n: u64| n.saturating_mul(1000);
+    let params = PublishParams {
+        due: Due::After(secs(delay)),
+        ttl_ms: Some(secs(ttl)),
+        // RETRY 0: at most once. Otherwise requeued whenever its ttr runs out, until its ttl.
+        tries: if retry == 0 { 1 } else { u16::MAX },
+        ttr_ms: secs(if retry == 0 { DEFAULT_RETRY_S } else { retry }),
+        ..PublishParams::default()
+    };
+    let published = s.publish(caller, queue, &params, body.clone()).await?;
+    Ok(Reply::text(disque_id(published.id)))
+}
+
+/// `GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue...`.
+async fn getjob(
+    s: &Service,
+    caller: &Principal,
+    ns: &str,
+    args: &[Vec<u8>],
+) -> Result<Reply, ServiceError> {
+    let (mut nohang, mut timeout_ms, mut count, mut counters) = (false, 0, 1, false);
+    let mut queues = Vec::new();
+    let mut args = args.iter();
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| match args.next() {
+            Some(v) => num(v, what),
+            None => Err(bad(format!("{what} needs a value"))),
+        };
+        match text(a)?.to_ascii_uppercase().as_str() {
+            "NOHANG" => nohang = true,
+            "TIMEOUT" => timeout_ms = value("TIMEOUT")?,
+            "COUNT" => count = value("COUNT")?,
+            "WITHCOUNTERS" => counters = true,
+            "FROM" => {
+                for q in args.by_ref() {
+                    queues.push(queue_name(ns, text(q)?)?);
+                }
+            }
+            other => return Err(bad(format!("invalid GETJOB option {other:?}"))),
+        }
+    }
+    if queues.is_empty() {
+        return Err(bad("GETJOB needs FROM and at least one queue"));
+    }
+    let count = u32::try_from(count)
+        .ok()
+        .filter(|c| (1..=MAX_RESERVE_COUNT).contains(c))
+        .ok_or_else(|| bad(format!("COUNT must be 1 to {MAX_RESERVE_COUNT}")))?;
+    // TIMEOUT 0 blocks until a job comes, in rounds of the longest long-poll.
+    let deadline =
+        (!nohang && timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+    loop {
+        let wait = match (nohang, deadline) {
+            (true, _) => Duration::ZERO,
+            (false, None) => MAX_WAIT,
+            (false, Some(d)) => d.saturating_duration_since(Instant::now()).min(MAX_WAIT),
+        };
+        let request =
+            ReserveRequest { queues: queues.clone(), count, ttr_ms: None, wait, ack: None };
+        let got = s.reserve(caller, request).await?.deliveries;
+        if !got.is_empty() {
+            let jobs = got.iter().map(|d| job_reply(&d.job, counters)).collect();
+            return Ok(Reply::Array(Some(jobs)));
+        }
+        if nohang || deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Reply::Array(None));
+        }
+    }
+}
+
+/// A job as GETJOB and QPEEK answer it: `[queue, id, body]`, and its counters on request.
+fn job_reply(job: &Job, counters: bool) -> Reply {
+    let mut items = vec![
+        Reply::text(job.queue.queue.clone()),
+        Reply::text(disque_id(job.id)),
+        Reply::Bulk(Some(job.body.clone())),
+    ];
+    if counters {
+        let redeliveries = i64::from(job.attempts.saturating_sub(1));
+        items.extend([
+            Reply::text("nacks"),
+            Reply::Int(0),
+            Reply::text("additional-deliveries"),
+            Reply::Int(redeliveries),
+        ]);
+    }
+    Reply::Array(Some(items))
+}
+
+/// SHOW's flat list of fields.
+fn show(job: &Job, now: u64) -> Reply {
+    let state = match job.state {
+        JobState::Delayed | JobState::Ready => "queued",
+        JobState::Reserved => "active",
+        JobState::Dead => "acked",
+    };
+    let ttl = job.expires_ms.map_or(0, |e| e.saturating_sub(now) / 1000);
+    let int = |n: u64| Reply::Int(i64::try_from(n).unwrap_or(i64::MAX));
+    Reply::Array(Some(vec![
+        Reply::text("id"),
+        Reply::text(disque_id(job.id)),
+        Reply::text("queue"),
+        Reply::text(job.queue.queue.clone()),
+        Reply::text("state"),
+        Reply::text(state),
+        Reply::text("ttl"),
+        int(ttl),
+        Reply::text("ctime"),
+        int(job.created_ms.saturating_mul(1_000_000)),
+        Reply::text("retry"),
+        int(job.ttr_ms / 1000),
+        Reply::text("nacks"),
+        Reply::Int(0),
+        Reply::text("additional-deliveries"),
+        Reply::Int(i64::from(job.attempts.saturating_sub(1))),
+        Reply::text("body"),
+        Reply::Bulk(Some(job.body.clone())),
+    ]))
+}
+
+/// The job a Disque id names, if it is in this protocol's namespace.
+async fn locate(
+    s: &Service,
+    caller: &Principal,
+    ns: &str,
+    arg: &[u8],
+) -> Result<Option<Job>, ServiceError> {
+    s.job_in_namespace(caller, ns, parse_id(arg)?).await
+}
+
+/// The jobs that ids name; unknown ids are left out, as Disque counts them.
+async fn located(
+    s: &Service,
+    caller: &Principal,
+    ns: &str,
+    ids: &[Vec<u8>],
+) -> Result<Vec<Job>, ServiceError> {
+    if ids.is_empty() {
+        return Err(bad("give at least one job id"));
+    }
+    let mut jobs = Vec::with_capacity(ids.len());
+    for id in ids {
+        jobs.extend(locate(s, caller, ns, id).await?);
+    }
+    Ok(jobs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_carry_disques_prefix() {
+        let id = JobId(7);
+        let shown = disque_id(id);
+        assert!(shown.starts_with("D-"));
+        assert_eq!(parse_id(shown.as_bytes()), Ok(id));
+        assert_eq!(parse_id(id.to_string().as_bytes()), Ok(id));
+        assert!(parse_id(b"D-nope").is_err());
+    }
+}
