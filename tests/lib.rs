@@ -287,6 +287,13 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` founding nodes with `extra` flags each and waits until one leads.
     pub async fn start(n: u64, extra: &[&str]) -> Result<Cluster> {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::start_each(n, |_| extra.clone()).await
+    }
+
+    /// Starts `n` founding nodes, node index `i` with the flags `extra(i)`, and waits until
+    /// one leads.
+    pub async fn start_each(n: u64, extra: impl Fn(usize) -> Vec<String>) -> Result<Cluster> {
         let dir = tempfile::tempdir()?;
         let ports: Vec<(u16, u16)> =
             (0..n).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
@@ -299,7 +306,7 @@ impl Cluster {
         let mut nodes = Vec::new();
         for (i, (h, g)) in ports.iter().enumerate() {
             let mut args = vec!["--peers".to_string(), peers.clone()];
-            args.extend(extra.iter().map(|s| s.to_string()));
+            args.extend(extra(i));
             let data = dir.path().join(format!("node{}", i + 1));
             nodes.push(Server::spawn(i as u64 + 1, &data, *h, *g, args).await?);
         }
