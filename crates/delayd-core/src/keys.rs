@@ -76,6 +76,11 @@ pub const SCHEDULE_PREFIX: &[u8] = b"schedule/";
 /// `schedule-due/{next occurrence, 8 bytes big-endian}{queue}{name}`, sorted by time.
 pub const SCHEDULE_DUE_PREFIX: &[u8] = b"schedule-due/";
 
+/// Meta key of the schedule index's floor: no live entry sorts below it. Firing deletes the
+/// index's head; without the floor every scan for the next occurrence would step over the
+/// deleted entries until compaction removes them (see [`floor`]).
+pub const META_SCHEDULES_FLOOR: &[u8] = b"floor/schedules";
+
 /// Meta key of a schedule.
 pub fn schedule(q: &QueueName, name: &str) -> Vec<u8> {
     let mut k = SCHEDULE_PREFIX.to_vec();

@@ -218,7 +218,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 if let Some(at) = old.as_ref().and_then(|o| o.next_at_ms) {
                     self.kv.delete(Cf::Meta, keys::schedule_due(at, queue, &schedule.name));
                 }
-                self.save_schedule(queue, schedule);
+                self.save_schedule(queue, schedule)?;
                 Ok(Ok(Reply::Replaced(old.is_some())))
             }
             Command::DeleteSchedule { queue, name } => match self.schedule(queue, name)? {
@@ -248,7 +248,8 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 }
                 self.kv.delete(Cf::Meta, keys::schedule_due(*at_ms, queue, name));
                 schedule.next_at_ms = *next_at_ms;
-                self.save_schedule(queue, &schedule);
+                self.save_schedule(queue, &schedule)?;
+                self.raise_schedule_floor()?;
                 Ok(Ok(Reply::Count { count, more: false }))
             }
             Command::SetWebhook { queue, webhook } => {
@@ -480,13 +481,34 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         self.kv.get(Cf::Meta, &keys::schedule(queue, name))?.map(|v| decode(&v)).transpose()
     }
 
-    /// Stores a schedule and indexes its next occurrence.
-    fn save_schedule(&mut self, queue: &QueueName, schedule: &Schedule) {
+    /// Stores a schedule and indexes its next occurrence (lowering the index's floor when
+    /// the occurrence sorts below it).
+    fn save_schedule(&mut self, queue: &QueueName, schedule: &Schedule) -> Result<(), KvError> {
         if let Some(at) = schedule.next_at_ms {
-            self.kv.put(Cf::Meta, keys::schedule_due(at, queue, &schedule.name), Vec::new());
+            let key = keys::schedule_due(at, queue, &schedule.name);
+            if self.kv.get(Cf::Meta, keys::META_SCHEDULES_FLOOR)?.is_some_and(|f| key < f) {
+                self.kv.put(Cf::Meta, keys::META_SCHEDULES_FLOOR.to_vec(), key.clone());
+            }
+            self.kv.put(Cf::Meta, key, Vec::new());
         }
         self.kv.put(Cf::Meta, keys::schedule(queue, &schedule.name), encode(schedule));
         self.effects.schedules_changed = true;
+        Ok(())
+    }
+
+    /// Moves the schedule index's floor up to its first live entry. Each deleted entry is
+    /// stepped over once here, not by every later scan.
+    fn raise_schedule_floor(&mut self) -> Result<(), KvError> {
+        let prefix = keys::SCHEDULE_DUE_PREFIX;
+        let end = keys::prefix_end(prefix);
+        let floor = self.kv.get(Cf::Meta, keys::META_SCHEDULES_FLOOR)?;
+        let mut first = None;
+        self.kv.scan(Cf::Meta, floor.as_deref().unwrap_or(prefix), &end, &mut |k, _| {
+            first = Some(k.to_vec());
+            false
+        })?;
+        self.kv.put(Cf::Meta, keys::META_SCHEDULES_FLOOR.to_vec(), first.unwrap_or(end));
+        Ok(())
     }
 
     /// A failed delivery: recorded on the job, which goes back after `delay_ms` while it has

@@ -213,11 +213,17 @@ pub fn schedules(kv: &impl KvRead, queue: &QueueName) -> Result<Vec<Schedule>, K
 /// The earliest next occurrence of any schedule: its time, queue and name.
 pub fn next_schedule(kv: &impl KvRead) -> Result<Option<(u64, QueueName, String)>, KvError> {
     let prefix = keys::SCHEDULE_DUE_PREFIX;
+    let floor = kv.get(Cf::Meta, keys::META_SCHEDULES_FLOOR)?;
     let mut first = None;
-    kv.scan(Cf::Meta, prefix, &keys::prefix_end(prefix), &mut |k, _| {
-        first = Some(keys::parse_schedule_due(k));
-        false
-    })?;
+    kv.scan(
+        Cf::Meta,
+        floor.as_deref().unwrap_or(prefix),
+        &keys::prefix_end(prefix),
+        &mut |k, _| {
+            first = Some(keys::parse_schedule_due(k));
+            false
+        },
+    )?;
     match first {
         None => Ok(None),
         Some(Some(next)) => Ok(Some(next)),

@@ -226,6 +226,10 @@ impl Machine {
                         None => format!("Meta floor/ready {q} = end"),
                     }
                 }
+                Cf::Meta if k == keys::META_SCHEDULES_FLOOR => match keys::parse_schedule_due(v) {
+                    Some((at, q, name)) => format!("Meta floor/schedules = {at} {q} {name}"),
+                    None => "Meta floor/schedules = end".to_string(),
+                },
                 Cf::Meta if k.starts_with(keys::SCHEDULE_DUE_PREFIX) => {
                     let (at, q, name) = keys::parse_schedule_due(k).ok_or("bad key")?;
                     format!("Meta schedule-due {at} {q} {name}")

@@ -51,11 +51,7 @@ impl Node {
             Metrics::new(StoreMetrics::default())
                 .map_err(|e| ServiceError::Internal(format!("metrics: {e}")))?,
         );
-        let parts = Parts::new(metrics.clone());
-        let cluster =
-            Cluster::open(config.cluster(), parts.observer(), metrics.store().clone()).await?;
-        // With port 0 (tests) the cluster bound a port of the OS's choice: advertise it.
-        config.grpc_addr = cluster.config().grpc_addr;
+        // Bound before the cluster opens, so a port in use fails before anything started.
         let disque = match config.disque_addr {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
@@ -70,6 +66,12 @@ impl Node {
             }
             None => None,
         };
+        let parts = Parts::new(metrics.clone());
+        let cluster =
+            Cluster::open(config.cluster(), parts.observer(), metrics.store().clone()).await?;
+        // With port 0 (tests) the cluster bound a port of the OS's choice: advertise it.
+        config.grpc_addr = cluster.config().grpc_addr;
+
         let service = Service::new(config, cluster.clone(), parts);
         let api = tonic::service::Routes::new(crate::grpc::server(&service));
         cluster.serve(Some(api)).await?;

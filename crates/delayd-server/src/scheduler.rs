@@ -13,16 +13,22 @@ use std::time::Duration;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
+use crate::error::ServiceError;
 use crate::service::Service;
 
 /// The longest sleep without looking at the index again.
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 /// How long the pump pauses after a firing could not be committed (leaders changing).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// After this many failures in a row that are not about leadership, the occurrence is
+/// skipped, so that one schedule cannot hold up every other.
+const MAX_FAILURES: u32 = 3;
 
 /// The pump: runs until the node's Raft stops.
 pub(crate) async fn run(service: Service) {
     let mut raft = service.cluster().raft().metrics();
+    // Consecutive failures to fire the index's head other than leaders changing.
+    let mut failures = 0;
     loop {
         let state = raft.borrow_watched().state;
         match state {
@@ -42,9 +48,24 @@ pub(crate) async fn run(service: Service) {
             Ok(Some((at, queue, name))) => {
                 let now = service.now_ms();
                 if at <= now {
-                    match service.fire_schedule(queue.clone(), name.clone(), at, now).await {
-                        Ok(n) => tracing::debug!(%queue, name, at, jobs = n, "schedule fired"),
+                    let skip = failures >= MAX_FAILURES;
+                    match service.fire_schedule(queue.clone(), name.clone(), at, now, skip).await {
+                        Ok(n) => {
+                            if skip {
+                                tracing::warn!(%queue, name, at, "schedule could not fire; skipped");
+                            }
+                            tracing::debug!(%queue, name, at, jobs = n, "schedule fired");
+                            failures = 0;
+                        }
                         Err(e) => {
+                            // Leaders changing is retried for as long as it lasts; anything
+                            // else counts towards skipping the occurrence.
+                            if !matches!(
+                                e,
+                                ServiceError::Unavailable(_) | ServiceError::NotLeader(_)
+                            ) {
+                                failures += 1;
+                            }
                             tracing::debug!(%queue, name, error = %e, "schedule not fired");
                             tokio::time::sleep(RETRY_PAUSE).await;
                         }

@@ -133,3 +133,25 @@ async fn bad_commands_are_refused_and_auth_is_required() {
     assert_eq!(len, 0);
     node.shutdown().await;
 }
+
+/// A client that gives up on a blocking GETJOB (closes its connection) must not leave a
+/// reserve behind that takes the next job for nobody: the next client gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_getjob_whose_client_left_takes_nothing() {
+    use tokio::io::AsyncWriteExt;
+    let (node, _dir, mut c) = start(AuthConfig::dev()).await;
+    let addr = node.config().disque_addr.expect("bound");
+    for _ in 0..3 {
+        let mut gone = tokio::net::TcpStream::connect(addr).await.unwrap();
+        gone.write_all(
+            b"*5\r\n$6\r\nGETJOB\r\n$7\r\nTIMEOUT\r\n$1\r\n0\r\n$4\r\nFROM\r\n$1\r\nq\r\n",
+        )
+        .await
+        .unwrap();
+        drop(gone);
+    }
+    let id = addjob(&mut c, "q", "for the living", &["RETRY", "300"]).await;
+    let got = getjob(&mut c, &["TIMEOUT", "5000", "FROM", "q"]).await;
+    assert_eq!(got.first().map(|g| g.1.clone()), Some(id), "the job went to a closed connection");
+    node.shutdown().await;
+}

@@ -79,6 +79,11 @@ pub(super) async fn run(s: &Service, conn: &mut Connection, name: &str, args: &[
             let Some(caller) = conn.principal.clone() else {
                 return Reply::Error("NOAUTH Authentication required.".into());
             };
+            // The connection outlives the AUTH that opened it: its token may be gone.
+            if let Err(e) = s.revalidate(&caller).await {
+                conn.principal = None;
+                return Reply::err(e);
+            }
             match command(s, &caller, name, args).await {
                 Ok(reply) => reply,
                 Err(e) => Reply::err(e),

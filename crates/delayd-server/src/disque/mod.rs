@@ -26,19 +26,32 @@ mod commands;
 pub mod resp;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use crate::service::{Principal, Service};
 use resp::{read_command, ProtocolError, Reply};
 
-/// Serves Disque clients on `listener` until the node's Raft stops.
+/// The most a connection may send before it has authenticated.
+const MAX_BYTES_BEFORE_AUTH: usize = 64 * 1024;
+
+/// Serves Disque clients on `listener` until the node's Raft stops, within the HTTP API's
+/// connection limits: at most `http_max_connections` at once (more wait in the accept
+/// backlog), and a connection idle for `http_idle_timeout_ms` between commands is closed.
 pub(crate) async fn serve(listener: TcpListener, service: Service) {
+    let slots = Arc::new(Semaphore::new(service.config().http.max_connections));
     let stopped = service.stopped();
     tokio::pin!(stopped);
     loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            () = &mut stopped => return,
+        };
+        let Ok(slot) = slot else { return };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut stopped => return,
@@ -46,7 +59,11 @@ pub(crate) async fn serve(listener: TcpListener, service: Service) {
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                tokio::spawn(connection(service.clone(), stream, peer));
+                let service = service.clone();
+                tokio::spawn(async move {
+                    connection(service, stream, peer).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "Disque listener cannot accept");
@@ -65,10 +82,17 @@ async fn connection(service: Service, stream: TcpStream, peer: SocketAddr) {
         principal: service.config().auth.dev.then_some(Principal::Dev),
         quit: false,
     };
-    let max_bulk = service.config().max_body_bytes;
+    let idle = service.config().http.idle_timeout;
     let mut out = Vec::new();
     loop {
-        let command = match read_command(&mut read, max_bulk).await {
+        let max_bytes = match conn.principal {
+            Some(_) => service.config().max_request_bytes(),
+            None => MAX_BYTES_BEFORE_AUTH,
+        };
+        let Ok(next) = tokio::time::timeout(idle, read_command(&mut read, max_bytes)).await else {
+            return; // idle too long
+        };
+        let command = match next {
             Ok(Some(command)) if command.is_empty() => continue,
             Ok(Some(command)) => command,
             Ok(None) | Err(ProtocolError::Io(_)) => return,
@@ -81,7 +105,12 @@ async fn connection(service: Service, stream: TcpStream, peer: SocketAddr) {
         };
         let started = Instant::now();
         let name = String::from_utf8_lossy(&command[0]).to_ascii_uppercase();
-        let reply = commands::run(&service, &mut conn, &name, &command[1..]).await;
+        // A client that goes away mid-command (a GETJOB it gave up on) ends the command: a
+        // reserve dropped before its answer puts back what it took.
+        let reply = tokio::select! {
+            reply = commands::run(&service, &mut conn, &name, &command[1..]) => reply,
+            () = closed(&mut read) => return,
+        };
         let outcome = if matches!(reply, Reply::Error(_)) { "error" } else { "ok" };
         let label =
             if commands::KNOWN.contains(&name.as_str()) { name.as_str() } else { "unknown" };
@@ -91,5 +120,14 @@ async fn connection(service: Service, stream: TcpStream, peer: SocketAddr) {
         if write.write_all(&out).await.is_err() || conn.quit {
             return;
         }
+    }
+}
+
+/// Completes when the client has closed its side (or the connection failed); never while it
+/// is merely quiet or has sent its next command already.
+async fn closed<R: AsyncBufRead + Unpin>(read: &mut R) {
+    match read.fill_buf().await {
+        Ok([]) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
     }
 }

@@ -102,10 +102,11 @@ fn number(line: &[u8], what: &str) -> Result<i64, ProtocolError> {
 }
 
 /// Reads one command: its arguments, the name first. `None` when the client closed the
-/// connection between commands. Bulk arguments are at most `max_bulk` bytes.
+/// connection between commands. Its arguments together are at most `max_bytes`; memory grows
+/// with the bytes that actually arrive, never with a length the client only announced.
 pub async fn read_command<R: AsyncBufRead + Unpin>(
     r: &mut R,
-    max_bulk: usize,
+    max_bytes: usize,
 ) -> Result<Option<Vec<Vec<u8>>>, ProtocolError> {
     let Some(line) = read_line(r).await? else { return Ok(None) };
     let Some(rest) = line.strip_prefix(b"*") else {
@@ -125,17 +126,29 @@ pub async fn read_command<R: AsyncBufRead + Unpin>(
         return Err(ProtocolError::Bad("invalid multibulk length".into()));
     }
     let mut args = Vec::with_capacity(n as usize);
+    let mut total = 0usize;
     for _ in 0..n {
         let header = read_line(r).await?.ok_or_else(|| ProtocolError::Io("closed".into()))?;
         let len = match header.strip_prefix(b"$") {
             Some(len) => number(len, "bulk")?,
             None => return Err(ProtocolError::Bad("expected '$'".into())),
         };
-        if len < 0 || len as usize > max_bulk {
-            return Err(ProtocolError::Bad("invalid bulk length".into()));
+        total = total.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
+        if len < 0 || total > max_bytes {
+            return Err(ProtocolError::Bad(format!(
+                "invalid bulk length: a command carries at most {max_bytes} bytes"
+            )));
         }
-        let mut arg = vec![0; len as usize + 2];
-        r.read_exact(&mut arg).await.map_err(|e| ProtocolError::Io(e.to_string()))?;
+        let mut arg = Vec::new();
+        let want = len as u64 + 2;
+        let got = r
+            .take(want)
+            .read_to_end(&mut arg)
+            .await
+            .map_err(|e| ProtocolError::Io(e.to_string()))?;
+        if got as u64 != want {
+            return Err(ProtocolError::Io("closed mid-command".into()));
+        }
         if !arg.ends_with(b"\r\n") {
             return Err(ProtocolError::Bad("bulk string without its CRLF".into()));
         }

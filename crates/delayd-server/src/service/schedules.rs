@@ -293,19 +293,42 @@ impl Service {
         self.read(true, |v| query::next_schedule(v)).await
     }
 
-    /// Fires the due occurrence `at` of a schedule as planned for `now`. Returns how many
-    /// jobs it published.
+    /// Fires the due occurrence `at` of a schedule as planned for `now`; with `skip`, moves
+    /// the schedule past `now` publishing nothing (what the pump does when firing keeps
+    /// failing, so one schedule cannot hold up the others). Returns how many jobs it
+    /// published.
     pub(crate) async fn fire_schedule(
         &self,
         queue: QueueName,
         name: String,
         at: u64,
         now: u64,
+        skip: bool,
     ) -> Result<u64, ServiceError> {
         let Some(s) = self.read(true, |v| query::schedule(v, &queue, &name)).await? else {
             return Ok(0);
         };
-        let (fire, next_at_ms) = plan(&s, at, now)?;
+        let planned = if skip {
+            Compiled::new(&s.timetable, s.start_at_ms)
+                .map(|c| (Vec::new(), next_in_window(&s, &c, now)))
+        } else {
+            plan(&s, at, now)
+        };
+        let (mut fire, mut next_at_ms) = planned.unwrap_or_else(|e| {
+            // This binary cannot read the timetable (a zone its tz data lacks): it ends.
+            tracing::warn!(%queue, name, error = %e, "schedule cannot be evaluated; it ends");
+            (Vec::new(), None)
+        });
+        // All of a firing's jobs go into one log entry: at most half an entry's worth.
+        let per_job = s.job.body.len()
+            + s.job.attributes.iter().map(|(k, v)| k.len() + v.len() + 8).sum::<usize>()
+            + name.len()
+            + 512;
+        let most = (self.config().max_entry_bytes / 2 / per_job).max(1);
+        if fire.len() > most {
+            next_at_ms = Some(fire[most]);
+            fire.truncate(most);
+        }
         let jobs = fire.into_iter().map(|occ| occurrence_job(&s, occ)).collect();
         let command = Command::FireSchedule { queue, name, at_ms: at, jobs, next_at_ms };
         match self.write_one(command).await? {
