@@ -102,6 +102,8 @@ pub struct Cluster {
     pub urls: Vec<String>,
     /// Each node's gRPC address (`host:port`), in node-id order; empty for a target.
     pub grpc: Vec<String>,
+    /// Each node's Disque-protocol address, in node-id order; empty for a target.
+    pub disque: Vec<String>,
     /// The credential every request shows: a target's token, or the admin token of a
     /// cluster the bench started with auth on; `None` for one started with `--dev`.
     pub token: Option<String>,
@@ -120,8 +122,9 @@ impl Cluster {
         // Not a node's default `<data_dir>/admin-token`: the nodes of one cluster must all
         // know the same token, and delayd lets nodes share a file (the first one writes it).
         let token_file = dir.path().join("admin-token");
-        let ports = free_ports(2 * n)?;
-        let (http, grpc) = ports.split_at(n);
+        let ports = free_ports(3 * n)?;
+        let (http, rest) = ports.split_at(n);
+        let (grpc, disque) = rest.split_at(n);
         let peers = if n > 1 {
             (0..n).map(|i| format!("{}=127.0.0.1:{}", i + 1, grpc[i])).collect::<Vec<_>>().join(",")
         } else {
@@ -148,6 +151,8 @@ impl Cluster {
                 format!("127.0.0.1:{}", grpc[i]),
                 "--advertise-addr".into(),
                 format!("127.0.0.1:{}", grpc[i]),
+                "--disque-addr".into(),
+                format!("127.0.0.1:{}", disque[i]),
             ]);
             if !peers.is_empty() {
                 args.extend(["--peers".to_string(), peers.clone()]);
@@ -162,10 +167,12 @@ impl Cluster {
         );
         let urls = http.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
         let grpc = grpc.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let disque = disque.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let mut cluster = Cluster {
             name,
             urls,
             grpc,
+            disque,
             token: None,
             bin: bin.to_path_buf(),
             nodes,
@@ -191,6 +198,7 @@ impl Cluster {
             name: "delayd target".into(),
             urls,
             grpc: Vec::new(),
+            disque: Vec::new(),
             token,
             bin: PathBuf::new(),
             nodes: Vec::new(),

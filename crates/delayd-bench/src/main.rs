@@ -2,7 +2,8 @@
 //! data path.
 //!
 //! It starts its own delayd clusters (1 and/or 3 nodes, fresh temp data dirs, loopback ports)
-//! or targets given addresses, runs the workloads in [`workloads`] against each, optionally
+//! or targets given addresses, runs the workloads in [`workloads`] (and through Disque's
+//! protocol, [`disque`]) against each, optionally
 //! runs the same publish and drain workloads against beanstalkd processes it starts itself
 //! ([`beanstalk`]) and publish, drain, lifecycle and timer against lmstfy's Redis commands on
 //! a redis-server it starts ([`lmstfy`]), and prints a table plus the ratios delayd / peer.
@@ -17,6 +18,7 @@
 
 mod beanstalk;
 mod cluster;
+mod disque;
 mod lmstfy;
 mod report;
 mod stats;
@@ -37,7 +39,7 @@ use crate::workloads::{Ctx, Opts};
 
 /// Every workload, in the order they run. `failover` restarts the node it kills, and
 /// `storage` runs last because it leaves millions of jobs behind.
-const WORKLOADS: [&str; 12] = [
+const WORKLOADS: [&str; 14] = [
     "publish-http",
     "publish-bulk",
     "publish-grpc-stream",
@@ -47,6 +49,8 @@ const WORKLOADS: [&str; 12] = [
     "lifecycle",
     "timer",
     "timer-ackfirst",
+    "disque-add",
+    "disque-drain",
     "publish-latency",
     "failover",
     "storage",
@@ -292,6 +296,8 @@ async fn run(args: Args) -> Result<ExitCode> {
                     "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
                     "timer" => workloads::timer(&ctx, false).await.map(|r| vec![r]),
                     "timer-ackfirst" => workloads::timer(&ctx, true).await.map(|r| vec![r]),
+                    "disque-add" => disque::add(&ctx).await.map(|r| vec![r]),
+                    "disque-drain" => disque::drain(&ctx).await.map(|r| vec![r]),
                     "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),
                     "failover" => workloads::failover(&ctx, &mut cluster).await.map(|r| vec![r]),
                     "storage" => workloads::storage(&ctx, &mut cluster).await,

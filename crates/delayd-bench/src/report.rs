@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::stats::{Row, Status};
 
 /// Which delayd workload is compared with which workload of a peer (when the peer ran it).
-const PAIRS: [(&str, &str); 7] = [
+const PAIRS: [(&str, &str); 9] = [
     ("publish-http", "publish"),
     ("publish-bulk", "publish"),
     ("publish-grpc-stream", "publish"),
@@ -21,6 +21,8 @@ const PAIRS: [(&str, &str); 7] = [
     ("drain-ackfirst", "drain"),
     ("drain-count10", "drain"),
     ("lifecycle", "lifecycle"),
+    ("disque-add", "publish"),
+    ("disque-drain", "drain"),
 ];
 
 /// The systems delayd is compared with, by the start of their labels.

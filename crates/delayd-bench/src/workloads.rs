@@ -74,6 +74,8 @@ pub struct Ctx {
     pub urls: Vec<String>,
     /// Nodes' gRPC addresses (empty for a target given by HTTP URLs only).
     pub grpc: Vec<String>,
+    /// Nodes' Disque-protocol addresses (empty for a target).
+    pub disque: Vec<String>,
     /// The system's label in the table.
     pub system: String,
     /// The credential for the gRPC client (HTTP requests carry it as a default header).
@@ -105,6 +107,7 @@ impl Ctx {
             http,
             urls: cluster.urls.clone(),
             grpc: cluster.grpc.clone(),
+            disque: cluster.disque.clone(),
             system: cluster.name.clone(),
             token: cluster.token.clone(),
             ns: ns.to_string(),
@@ -119,6 +122,11 @@ impl Ctx {
         let mut ctx = self.clone();
         ctx.opts.clients = clients.max(1);
         ctx
+    }
+
+    /// The credential requests show, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     /// The queue URL of `queue` on the node client `i` talks to.
