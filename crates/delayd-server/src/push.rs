@@ -33,6 +33,7 @@ use sha2::Sha256;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::service::admin::{until_leading, RaftWatch};
 use crate::service::reserve::ReserveRequest;
 use crate::service::validate::{MAX_RESERVE_COUNT, RESERVED_ATTRIBUTE_PREFIX};
 use crate::service::{Principal, Service};
@@ -47,12 +48,6 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// The longest error text recorded on a job.
 const MAX_ERROR_BYTES: usize = 512;
 
-/// The node's Raft metrics, as watched.
-type RaftWatch = openraft::type_config::alias::WatchReceiverOf<
-    delayd_store::TypeConfig,
-    openraft::RaftMetrics<delayd_store::TypeConfig>,
->;
-
 /// The dispatcher: runs until the node's Raft stops.
 pub(crate) async fn run(service: Service) {
     let client =
@@ -63,21 +58,8 @@ pub(crate) async fn run(service: Service) {
                 return;
             }
         };
-    let mut raft = service.cluster().raft().metrics();
-    loop {
-        let state = raft.borrow_watched().state;
-        if state == ServerState::Shutdown {
-            return;
-        }
-        if state != ServerState::Leader {
-            let led = raft
-                .wait_until(|m| matches!(m.state, ServerState::Leader | ServerState::Shutdown))
-                .await;
-            if led.is_err() {
-                return;
-            }
-            continue;
-        }
+    let mut raft = service.raft_watch();
+    while until_leading(&mut raft).await {
         lead(&service, &client, &mut raft).await;
     }
 }

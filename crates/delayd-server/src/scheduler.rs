@@ -14,6 +14,7 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
 use crate::error::ServiceError;
+use crate::service::admin::until_leading;
 use crate::service::Service;
 
 /// The longest sleep without looking at the index again.
@@ -26,24 +27,11 @@ const MAX_FAILURES: u32 = 3;
 
 /// The pump: runs until the node's Raft stops.
 pub(crate) async fn run(service: Service) {
-    let mut raft = service.cluster().raft().metrics();
+    let mut raft = service.raft_watch();
     // Consecutive failures to fire the index's head other than leaders changing.
     let mut failures = 0;
-    loop {
-        let state = raft.borrow_watched().state;
-        match state {
-            ServerState::Shutdown => return,
-            ServerState::Leader => {}
-            _ => {
-                let led = raft
-                    .wait_until(|m| matches!(m.state, ServerState::Leader | ServerState::Shutdown))
-                    .await;
-                if led.is_err() {
-                    return;
-                }
-                continue;
-            }
-        }
+    // Each round starts as the leader: a node that lost leadership waits here.
+    while until_leading(&mut raft).await {
         let sleep = match service.next_schedule().await {
             Ok(Some((at, queue, name))) => {
                 let now = service.now_ms();

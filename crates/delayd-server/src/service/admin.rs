@@ -19,6 +19,19 @@ use super::validate::node_id;
 use super::Service;
 use crate::error::ServiceError;
 
+/// The node's Raft metrics, as watched.
+pub(crate) type RaftWatch = openraft::type_config::alias::WatchReceiverOf<
+    delayd_store::TypeConfig,
+    openraft::RaftMetrics<delayd_store::TypeConfig>,
+>;
+
+/// Waits until this node leads: `true` once it does, `false` once its Raft has stopped.
+pub(crate) async fn until_leading(raft: &mut RaftWatch) -> bool {
+    let led =
+        raft.wait_until(|m| matches!(m.state, ServerState::Leader | ServerState::Shutdown)).await;
+    led.is_ok_and(|m| m.state == ServerState::Leader)
+}
+
 /// The cluster as one node sees it.
 #[derive(Clone, Debug)]
 pub struct ClusterView {
@@ -97,6 +110,11 @@ impl Service {
     pub fn member_addr(&self, id: u64) -> Option<String> {
         let m = self.cluster().metrics();
         m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
+    }
+
+    /// Watches this node's Raft state, for the tasks that work only while it leads.
+    pub(crate) fn raft_watch(&self) -> RaftWatch {
+        self.cluster().raft().metrics()
     }
 
     /// Completes when the node's Raft has stopped: long-polls and streams must end then.
