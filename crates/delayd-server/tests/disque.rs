@@ -155,3 +155,30 @@ async fn a_getjob_whose_client_left_takes_nothing() {
     assert_eq!(got.first().map(|g| g.1.clone()), Some(id), "the job went to a closed connection");
     node.shutdown().await;
 }
+
+/// Namespace tokens: only one of the Disque namespace opens it, and a connection whose token
+/// is deleted is cut off at its next command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_tokens_open_only_their_namespace_and_deletion_cuts_off() {
+    use delayd_server::service::tokens::NewToken;
+    use delayd_server::Principal;
+    let auth = AuthConfig { admin_token: Some(ADMIN.into()), ..AuthConfig::default() };
+    let (node, _dir, mut c) = start(auth).await;
+    let s = node.service();
+    let mine = s.create_token(&Principal::Admin, "disque", NewToken::default()).await.unwrap();
+    let other = s.create_token(&Principal::Admin, "other", NewToken::default()).await.unwrap();
+
+    let refused: RedisResult<String> = cmd("AUTH").arg(&other).query_async(&mut c).await;
+    let e = refused.expect_err("another namespace's token").to_string();
+    assert!(e.contains("the token is for namespace \"other\""), "{e}");
+    let ok: String = cmd("AUTH").arg(&mine).query_async(&mut c).await.unwrap();
+    assert_eq!(ok, "OK");
+    addjob(&mut c, "q", "x", &[]).await;
+
+    s.delete_token(&Principal::Admin, "disque", &mine).await.unwrap();
+    let refused: RedisResult<i64> = cmd("QLEN").arg("q").query_async(&mut c).await;
+    assert!(refused.expect_err("deleted").to_string().contains("deleted"), "cut off");
+    let refused: RedisResult<i64> = cmd("QLEN").arg("q").query_async(&mut c).await;
+    assert!(refused.expect_err("no auth").to_string().contains("NOAUTH"), "until AUTH again");
+    node.shutdown().await;
+}
