@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
+use delayd_jepsen::stats::Percentiles;
 use delayd_tests::{eventually, n, now_ms, s, Api, Cluster};
 use serde_json::json;
 
@@ -39,14 +40,6 @@ async fn receiver() -> Result<(String, Seen)> {
     let url = format!("http://{}/hook", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok((url, seen))
-}
-
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p / 100.0) * (sorted.len() as f64 - 1.0)).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
 }
 
 fn seen(record: &Seen) -> Result<Vec<(String, u64, u64)>> {
@@ -99,12 +92,10 @@ async fn pushed_jobs_arrive_on_time_and_survive_a_leader_kill() -> Result<()> {
             late.push(at - due);
         }
     }
-    late.sort_unstable();
+    let p = Percentiles::of(&late).context("lateness samples")?;
     println!(
         "webhook dispatch, 1000 jobs due over 1 s: lateness p50 {} ms, p99 {} ms, max {} ms",
-        percentile(&late, 50.0),
-        percentile(&late, 99.0),
-        late.last().copied().unwrap_or(0)
+        p.p50_ms, p.p99_ms, p.max_ms
     );
 
     // Jobs coming due while the leader dies: each is posted at least once, none early.
@@ -231,14 +222,14 @@ async fn a_schedule_fires_once_per_occurrence_across_a_leader_kill() -> Result<(
             "occurrence {t} is missing outside the election ({killed}..{elected}): {missing:?}"
         );
     }
-    late.sort_unstable();
+    let p = Percentiles::of(&late).context("lateness samples")?;
     println!(
         "schedule every {every} ms: {} occurrences delivered, {} skipped by the election; \
          jobs created after their occurrence, outside the election: p50 {} ms, p99 {} ms",
         got.len(),
         missing.len(),
-        percentile(&late, 50.0),
-        percentile(&late, 99.0)
+        p.p50_ms,
+        p.p99_ms
     );
     cluster.nodes[leader] = cluster.nodes[leader].restart().await?;
     cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;

@@ -36,13 +36,14 @@
 //! it, with file names.
 
 pub mod config;
-pub mod disque;
+mod disque;
 mod error;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
 mod node;
 pub mod push;
+mod rate;
 mod scheduler;
 pub mod service;
 

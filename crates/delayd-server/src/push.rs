@@ -33,6 +33,7 @@ use sha2::Sha256;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::rate::Bucket;
 use crate::service::admin::{until_leading, RaftWatch};
 use crate::service::reserve::ReserveRequest;
 use crate::service::validate::{MAX_RESERVE_COUNT, RESERVED_ATTRIBUTE_PREFIX};
@@ -117,7 +118,7 @@ async fn serve_queue(
     hook: Arc<Webhook>,
 ) {
     let slots = Arc::new(Semaphore::new(hook.max_in_flight as usize));
-    let mut rate = Rate::new(hook.rate_per_s);
+    let mut rate = Bucket::default();
     let ttr_ms = hook.timeout_ms.saturating_add(TTR_MARGIN_MS);
     loop {
         let Ok(first) = slots.clone().acquire_owned().await else { return };
@@ -128,7 +129,7 @@ async fn serve_queue(
                 Err(_) => break,
             }
         }
-        let allowed = rate.take(permits.len()).await;
+        let allowed = take_rate(&mut rate, hook.rate_per_s, permits.len()).await;
         permits.truncate(allowed);
         let request = ReserveRequest {
             queues: vec![queue.clone()],
@@ -139,7 +140,8 @@ async fn serve_queue(
         };
         match service.reserve(&Principal::Admin, request).await {
             Ok(got) => {
-                rate.give_back(permits.len().saturating_sub(got.deliveries.len()));
+                let unused = permits.len().saturating_sub(got.deliveries.len());
+                rate.give_back(unused, hook.rate_per_s);
                 for (delivery, permit) in got.deliveries.into_iter().zip(permits) {
                     let (service, client, hook) = (service.clone(), client.clone(), hook.clone());
                     tokio::spawn(post(service, client, hook, delivery, permit));
@@ -153,43 +155,18 @@ async fn serve_queue(
     }
 }
 
-/// Requests started per second: a bucket holding at most one second's worth.
-struct Rate {
-    per_s: u32,
-    tokens: f64,
-    last: Instant,
-}
-
-impl Rate {
-    fn new(per_s: u32) -> Rate {
-        Rate { per_s, tokens: f64::from(per_s), last: Instant::now() }
+/// Takes up to `want` requests from a webhook's `rate_per_s` (0: no limit), waiting until at
+/// least one is in the budget.
+async fn take_rate(bucket: &mut Bucket, per_s: u32, want: usize) -> usize {
+    if per_s == 0 {
+        return want;
     }
-
-    /// Takes up to `want` requests from the budget, waiting until at least one is there.
-    async fn take(&mut self, want: usize) -> usize {
-        if self.per_s == 0 {
-            return want;
+    loop {
+        let n = bucket.take_up_to(want, per_s, Instant::now());
+        if n > 0 {
+            return n;
         }
-        let rate = f64::from(self.per_s);
-        loop {
-            let now = Instant::now();
-            self.tokens =
-                (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(rate);
-            self.last = now;
-            if self.tokens >= 1.0 {
-                let n = (self.tokens.floor() as usize).min(want);
-                self.tokens -= n as f64;
-                return n;
-            }
-            tokio::time::sleep(Duration::from_secs_f64((1.0 - self.tokens) / rate)).await;
-        }
-    }
-
-    /// Returns requests taken but not made (the reserve found fewer jobs).
-    fn give_back(&mut self, n: usize) {
-        if self.per_s > 0 {
-            self.tokens = (self.tokens + n as f64).min(f64::from(self.per_s));
-        }
+        tokio::time::sleep(bucket.until_one(per_s)).await;
     }
 }
 

@@ -23,7 +23,7 @@
 //! `QUIT` is answered `-NOAUTH`.
 
 mod commands;
-pub mod resp;
+mod resp;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

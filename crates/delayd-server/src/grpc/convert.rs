@@ -21,10 +21,7 @@ pub(super) fn params(
         Some(pb::job_options::Due::AtMs(at)) => p.due = Due::At(at),
         None => {}
     }
-    if let Some(ttl) = o.ttl_ms {
-        // As lmstfy's ttl=0: never expires.
-        p.ttl_ms = (ttl > 0).then_some(ttl);
-    }
+    p.ttl_ms = validate::ttl(o.ttl_ms);
     if let Some(tries) = o.tries {
         p.tries = u16::try_from(tries).map_err(|_| {
             ServiceError::bad_request(format!("invalid tries {tries}: at most {}", u16::MAX))

@@ -9,13 +9,11 @@ use axum::Json;
 use delayd_raft::NodeStatus;
 use serde_json::{json, Value};
 
-use super::error::{bad, ApiError};
+use super::error::{bad, ApiError, ApiResult};
 use super::extract::{credential, Caller, Params, Path};
 use super::render;
 use crate::service::admin::MemberChange;
 use crate::service::Service;
-
-type ApiResult = Result<Response, ApiError>;
 
 /// `GET /health`: this node's own view, without a credential.
 pub(crate) async fn health(State(s): State<Service>) -> Response {

@@ -1,17 +1,15 @@
 //! The dead letter: `/api/{ns}/{q}/deadletter` (head, respawn, purge), `/size` and `/jobs`.
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use delayd_core::JobState;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
+use super::error::ApiResult;
 use super::extract::{Caller, Params, QueueRef};
 use super::render;
 use crate::service::Service;
-
-type ApiResult = Result<Response, ApiError>;
 
 /// `GET /api/{ns}/{q}/deadletter`: its size and the id of its oldest job.
 pub(crate) async fn head(

@@ -25,6 +25,9 @@ pub fn status(e: &ServiceError) -> StatusCode {
     }
 }
 
+/// What every handler answers.
+pub(crate) type ApiResult = Result<Response, ApiError>;
+
 /// A service error as an HTTP response.
 #[derive(Debug)]
 pub struct ApiError(pub ServiceError);

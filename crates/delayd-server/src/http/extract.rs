@@ -198,10 +198,7 @@ impl Params {
         if let Some(due) = self.due()? {
             p.due = due;
         }
-        if let Some(ttl_ms) = self.secs_as_ms("ttl")? {
-            // lmstfy: a ttl of 0 never expires.
-            p.ttl_ms = (ttl_ms > 0).then_some(ttl_ms);
-        }
+        p.ttl_ms = validate::ttl(self.secs_as_ms("ttl")?);
         if let Some(tries) = self.num::<u16>("tries")? {
             p.tries = tries;
         }

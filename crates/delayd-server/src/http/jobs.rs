@@ -12,7 +12,7 @@ use axum::Json;
 use delayd_core::{Due, Job, Target};
 use serde_json::{json, Value};
 
-use super::error::{bad, ApiError};
+use super::error::{bad, ApiError, ApiResult};
 use super::extract::{body, Caller, JobRef, Params, Path, QueueRef};
 use super::render;
 use crate::error::ServiceError;
@@ -21,8 +21,6 @@ use crate::service::publish::Bulk;
 use crate::service::reserve::ReserveRequest;
 use crate::service::validate::queue_names;
 use crate::service::Service;
-
-type ApiResult = Result<Response, ApiError>;
 
 /// `PUT /api/{ns}/{q}`: publishes the body as one job.
 pub(crate) async fn publish(

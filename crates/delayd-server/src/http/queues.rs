@@ -1,17 +1,15 @@
 //! A queue as a whole: `/api/{ns}/{q}/size`, `/stats`, `/pause`, and `DELETE /api/{ns}/{q}`.
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use delayd_core::JobState;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
+use super::error::ApiResult;
 use super::extract::{Caller, Params, QueueRef};
 use super::render;
 use crate::service::Service;
-
-type ApiResult = Result<Response, ApiError>;
 
 /// `GET /api/{ns}/{q}/size`: how many jobs are ready.
 pub(crate) async fn size(

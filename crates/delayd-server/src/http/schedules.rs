@@ -7,20 +7,18 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine;
 use delayd_core::{CatchUp, QueueName, Schedule, Timetable};
 use serde_json::{json, Value};
 
-use super::error::ApiError;
+use super::error::ApiResult;
 use super::extract::{body, Caller, Params, Path, QueueRef};
 use super::render;
 use crate::error::ServiceError;
 use crate::service::schedules::ScheduleRequest;
 use crate::service::Service;
-
-type ApiResult = Result<Response, ApiError>;
 
 /// The body of a `PUT`. Times of the jobs (`ttl`, `ttr`) are seconds, as in a publish.
 #[derive(serde::Deserialize)]

@@ -5,17 +5,15 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::json;
 
-use super::error::ApiError;
+use super::error::ApiResult;
 use super::extract::{Caller, Params, Path};
 use super::render;
 use crate::service::tokens::NewToken;
 use crate::service::Service;
-
-type ApiResult = Result<Response, ApiError>;
 
 /// `POST /token/{ns}?description=&read_limit=&write_limit=`: a new token, answered once.
 pub(crate) async fn create(

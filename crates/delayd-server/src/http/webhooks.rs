@@ -4,19 +4,17 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::Json;
 use delayd_core::{QueueName, Webhook};
 use serde_json::{json, Value};
 
-use super::error::ApiError;
+use super::error::{ApiError, ApiResult};
 use super::extract::{body, Caller, Params, QueueRef};
 use super::render;
 use crate::error::ServiceError;
 use crate::service::webhooks::WebhookRequest;
 use crate::service::Service;
-
-type ApiResult = Result<Response, ApiError>;
 
 /// The body of a `PUT`: every field but `url` is optional.
 #[derive(serde::Deserialize)]

@@ -101,14 +101,17 @@ impl Service {
 
     /// The leader this node knows of, with its gRPC address when the membership names it.
     pub fn leader(&self) -> Option<(u64, Option<String>)> {
-        let m = self.cluster().metrics();
+        // Every gRPC answer asks: read the watched metrics in place, never a copy of them.
+        let watch = self.cluster().raft().metrics();
+        let m = watch.borrow_watched();
         let id = m.current_leader?;
         Some((id, m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())))
     }
 
     /// The gRPC address of member `id`, when the membership names it.
     pub fn member_addr(&self, id: u64) -> Option<String> {
-        let m = self.cluster().metrics();
+        let watch = self.cluster().raft().metrics();
+        let m = watch.borrow_watched();
         m.membership_config.membership().get_node(&id).map(|n| n.addr.clone())
     }
 

@@ -25,6 +25,7 @@ use delayd_core::{query, TokenRecord};
 use super::Service;
 use crate::config::AuthConfig;
 use crate::error::ServiceError;
+use crate::rate::Bucket;
 
 /// Whether a data-plane operation reads or writes, for the token's rate limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,31 +180,6 @@ struct Limiter {
     write: Bucket,
 }
 
-/// A token bucket holding at most one second's worth of requests.
-#[derive(Default)]
-struct Bucket {
-    tokens: f64,
-    last: Option<Instant>,
-}
-
-impl Bucket {
-    fn take(&mut self, per_second: u32, now: Instant) -> bool {
-        let rate = f64::from(per_second);
-        self.tokens = match self.last {
-            // A fresh bucket starts full, so a new token gets its whole first second.
-            None => rate,
-            Some(last) => (self.tokens + now.duration_since(last).as_secs_f64() * rate).min(rate),
-        };
-        self.last = Some(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 impl Service {
     /// Authenticates a credential: the admin token, or a namespace token from the replicated
     /// state. A token a follower does not know may have just been created on the leader, so
@@ -308,7 +284,6 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn credentials_come_from_either_header() {
@@ -328,18 +303,5 @@ mod tests {
         assert!(same("abc", "abc"));
         assert!(!same("abc", "abd"));
         assert!(!same("abc", "abcd"));
-    }
-
-    #[test]
-    fn a_bucket_allows_its_rate_and_refills() {
-        let mut b = Bucket::default();
-        let t0 = Instant::now();
-        let burst = (0..10).filter(|_| b.take(5, t0)).count();
-        assert_eq!(burst, 5, "a fresh bucket holds one second of requests");
-        assert!(!b.take(5, t0 + Duration::from_millis(100)), "0.5 of a request refilled");
-        assert!(b.take(5, t0 + Duration::from_millis(250)), "a whole one after 200 ms");
-        let later = t0 + Duration::from_secs(60);
-        let burst = (0..10).filter(|_| b.take(5, later)).count();
-        assert_eq!(burst, 5, "never more than one second's worth");
     }
 }

@@ -189,7 +189,7 @@ impl Service {
 
     /// The checks that depend on the configuration, at this moment.
     fn checks(&self) -> validate::Checks<'_> {
-        validate::Checks { config: &self.inner.config, now_ms: self.now_ms() }
+        validate::Checks { config: &self.inner.config, clock: self.inner.cluster.clock() }
     }
 
     /// Proposes commands atomically on the leader (forwarded when this node is a follower),

@@ -8,7 +8,7 @@ use delayd_core::{query, Command, Job, JobState, QueueMeta, QueueName, Reply};
 
 use super::auth::{Access, Principal, Scope};
 use super::validate::{
-    check_name, Limit, DEAD_JOBS_LIMIT, DEFAULT_TTL_MS, HISTOGRAM_BOUNDS_MS, MAX_DEAD_LETTER_LIMIT,
+    self, check_name, Limit, DEAD_JOBS_LIMIT, HISTOGRAM_BOUNDS_MS, MAX_DEAD_LETTER_LIMIT,
     QUEUES_LIMIT,
 };
 use super::{unexpected, Service};
@@ -177,14 +177,10 @@ impl Service {
     ) -> Result<u64, ServiceError> {
         self.authorize(caller, Scope::queue(&queue, Access::Write))?;
         let limit = DEAD_LETTER_BATCH.check(limit)?;
-        let ttl_ms = match ttl_ms {
-            None => Some(DEFAULT_TTL_MS),
-            Some(0) => None,
-            Some(ttl) => {
-                self.checks().horizon("ttl", ttl)?;
-                Some(ttl)
-            }
-        };
+        if let Some(given) = ttl_ms.filter(|t| *t > 0) {
+            self.checks().horizon("ttl", given)?;
+        }
+        let ttl_ms = validate::ttl(ttl_ms);
         self.chunked(limit, |limit| Command::Respawn { queue: queue.clone(), limit, ttl_ms }).await
     }
 

@@ -67,11 +67,8 @@ impl Service {
         request: ReserveRequest,
     ) -> Result<Reserved, ServiceError> {
         let ReserveRequest { queues, count, ttr_ms, wait, ack } = request;
-        let Some(namespace) = queues.first().map(|q| q.namespace.as_str()) else {
-            return Err(ServiceError::bad_request("no queue named"));
-        };
-        self.authorize(caller, Scope::Namespace(namespace, Access::Write))?;
-        if queues.iter().chain(ack.as_ref().map(|a| &a.queue)).any(|q| q.namespace != namespace) {
+        self.subscribe(caller, &queues, ttr_ms)?;
+        if ack.as_ref().is_some_and(|a| a.queue.namespace != queues[0].namespace) {
             return Err(ServiceError::bad_request("a reserve's queues are of one namespace"));
         }
         if count == 0 || count > MAX_RESERVE_COUNT {
@@ -81,9 +78,6 @@ impl Service {
         }
         if wait > MAX_WAIT {
             return Err(ServiceError::bad_request("timeout must be at most 600 s"));
-        }
-        if let Some(ttr) = ttr_ms {
-            self.checks().horizon("ttr", ttr)?;
         }
         let deadline = Instant::now() + wait;
         // Forget the subscriptions however this ends, a dropped request included.
@@ -135,10 +129,10 @@ impl Service {
         }
     }
 
-    /// Opens a subscription for a consumer that will reserve from `queues` again and again
-    /// (a stream): authorizes the caller (one write of its budget, as a reserve) and checks
-    /// the queues and ttr once, so a bad subscription is refused before it starts. Each
-    /// reserve it then makes is authorized again.
+    /// Authorizes a consumer to reserve from `queues` (one write of its budget) and checks
+    /// the queues and ttr: the first step of every reserve, and on its own the opening of a
+    /// stream that will reserve again and again (each reserve is authorized again), so a bad
+    /// subscription is refused before it starts.
     pub fn subscribe(
         &self,
         caller: &Principal,
@@ -149,6 +143,9 @@ impl Service {
             return Err(ServiceError::bad_request("no queue named"));
         };
         self.authorize(caller, Scope::Namespace(namespace, Access::Write))?;
+        if queues.iter().any(|q| q.namespace != namespace) {
+            return Err(ServiceError::bad_request("a reserve's queues are of one namespace"));
+        }
         if let Some(ttr) = ttr_ms {
             self.checks().horizon("ttr", ttr)?;
         }

@@ -16,7 +16,7 @@ use delayd_core::{
 };
 
 use super::auth::{Access, Principal, Scope};
-use super::validate::{check_name, new_job, PublishParams, DEFAULT_PRIORITY, DEFAULT_TTR_MS};
+use super::validate::{self, check_name, new_job, PublishParams, DEFAULT_PRIORITY, DEFAULT_TTR_MS};
 use super::{unexpected, Service};
 use crate::error::ServiceError;
 
@@ -203,15 +203,10 @@ impl Service {
                 )))
             }
         };
-        let ttl_ms = match r.ttl_ms {
-            None => PublishParams::default().ttl_ms,
-            Some(0) => None,
-            Some(ms) => Some(ms),
-        };
         let job = JobTemplate {
             body: r.body,
             attributes: r.attributes,
-            ttl_ms,
+            ttl_ms: validate::ttl(r.ttl_ms),
             tries: r.tries.unwrap_or(1),
             ttr_ms: r.ttr_ms.unwrap_or(DEFAULT_TTR_MS),
             priority: r.priority.unwrap_or(DEFAULT_PRIORITY),

@@ -177,6 +177,15 @@ pub fn ttr(secs: Option<u32>, ms: Option<u64>) -> Result<Option<u64>, ServiceErr
     Ok(ttr_ms)
 }
 
+/// A ttl as clients give it (ms): absent takes the default of a day, 0 never expires.
+pub fn ttl(given: Option<u64>) -> Option<u64> {
+    match given {
+        None => Some(DEFAULT_TTL_MS),
+        Some(0) => None,
+        Some(ms) => Some(ms),
+    }
+}
+
 /// A due time given as a delay in whole seconds (lmstfy's `delay`), a delay in ms
 /// (`delay_ms`) or an absolute unix time in ms (`at`), at most one of them.
 pub fn due(
@@ -196,8 +205,8 @@ pub fn due(
 /// The bounds that depend on the node's configuration.
 pub(crate) struct Checks<'a> {
     pub(crate) config: &'a Config,
-    /// The node's clock now, for absolute due times.
-    pub(crate) now_ms: u64,
+    /// The node's clock, read only for absolute due times.
+    pub(crate) clock: &'a delayd_raft::clock::Clock,
 }
 
 impl Checks<'_> {
@@ -220,7 +229,7 @@ impl Checks<'_> {
         match due {
             Due::After(delay) => self.horizon("delay", delay).map(|()| delay),
             Due::At(at) => {
-                let delay = at.saturating_sub(self.now_ms);
+                let delay = at.saturating_sub(self.clock.now_ms());
                 self.horizon("at", delay).map(|()| delay)
             }
         }
