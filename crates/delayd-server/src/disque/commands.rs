@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use delayd_core::{Due, Job, JobId, JobState, Target};
+use delayd_core::{Due, Job, JobId, JobState, QueueName, Target};
 use tokio::time::Instant;
 
 use super::resp::Reply;
@@ -45,15 +45,36 @@ fn num(arg: &[u8], what: &str) -> Result<u64, ServiceError> {
     text(arg)?.parse().map_err(|_| bad(format!("invalid {what}: expected a non-negative integer")))
 }
 
-/// A job id as Disque clients see it.
-fn disque_id(id: JobId) -> String {
-    format!("D-{id}")
+/// A job id as Disque clients see it: `D-`, the job's ULID, `-` and its queue. Disque's ids
+/// are global; carrying the queue lets ACKJOB, NACK and the rest act on the job without
+/// first looking up where it lives.
+fn disque_id(queue: &QueueName, id: JobId) -> String {
+    format!("D-{id}-{}", queue.queue)
 }
 
-/// Parses a Disque job id (`D-` and a ULID; the bare ULID is accepted too).
-fn parse_id(arg: &[u8]) -> Result<JobId, ServiceError> {
+/// A job named by a client.
+#[derive(Debug, PartialEq, Eq)]
+enum IdRef {
+    /// An id as [`disque_id`] makes it.
+    Queued(QueueName, JobId),
+    /// A bare ULID (with or without `D-`), as the HTTP and gRPC APIs show it: its queue must
+    /// be looked up.
+    Bare(JobId),
+}
+
+/// Parses a job id of namespace `ns`.
+fn parse_id(ns: &str, arg: &[u8]) -> Result<IdRef, ServiceError> {
     let s = text(arg)?;
-    job_id(s.strip_prefix("D-").unwrap_or(s))
+    let rest = s.strip_prefix("D-").unwrap_or(s);
+    // A ULID is 26 characters; the queue, when there, follows after a dash.
+    match (rest.get(..26), rest.get(26..)) {
+        (Some(id), Some("")) => job_id(id).map(IdRef::Bare),
+        (Some(id), Some(queue)) => match queue.strip_prefix('-') {
+            Some(queue) => Ok(IdRef::Queued(queue_name(ns, queue)?, job_id(id)?)),
+            None => Err(bad(format!("invalid job id {s:?}"))),
+        },
+        _ => Err(bad(format!("invalid job id {s:?}"))),
+    }
 }
 
 /// Runs one command.
@@ -137,15 +158,15 @@ async fn command(
         "GETJOB" => getjob(s, caller, &ns, args).await,
         "ACKJOB" | "FASTACK" => {
             let mut n = 0;
-            for job in located(s, caller, &ns, args).await? {
-                n += i64::from(s.ack(caller, job.queue, job.id, None).await?);
+            for (queue, id) in resolved(s, caller, &ns, args).await? {
+                n += i64::from(s.ack(caller, queue, id, None).await?);
             }
             Ok(Reply::Int(n))
         }
         "NACK" => {
             let mut n = 0;
-            for job in located(s, caller, &ns, args).await? {
-                match s.release(caller, job.queue, job.id, None, 0, None).await {
+            for (queue, id) in resolved(s, caller, &ns, args).await? {
+                match s.release(caller, queue, id, None, 0, None).await {
                     Ok(_) => n += 1,
                     // Not delivered (any more): nothing to put back.
                     Err(ServiceError::Conflict(_) | ServiceError::NotFound(_)) => {}
@@ -156,10 +177,12 @@ async fn command(
         }
         "WORKING" => {
             let [id] = args else { return Err(bad("wrong number of arguments for 'working'")) };
-            let Some(job) = locate(s, caller, &ns, id).await? else {
-                return Ok(Reply::Error("NOJOB Job not known".into()));
+            let no_job = || Ok(Reply::Error("NOJOB Job not known".into()));
+            let Some((queue, id)) = resolve(s, caller, &ns, id).await? else { return no_job() };
+            let touched = match s.touch(caller, queue, id, None, None).await {
+                Err(ServiceError::NotFound(_)) => return no_job(),
+                touched => touched?,
             };
-            let touched = s.touch(caller, job.queue, job.id, None, None).await?;
             let ttr = touched.lease.map_or(touched.ttr_ms, |l| l.ttr_ms);
             Ok(Reply::Int(i64::try_from(ttr / 1000).unwrap_or(i64::MAX)))
         }
@@ -181,14 +204,15 @@ async fn command(
         }
         "DELJOB" => {
             let mut n = 0;
-            for job in located(s, caller, &ns, args).await? {
-                n += i64::from(s.cancel(caller, job.queue, Target::Id(job.id)).await?);
+            for (queue, id) in resolved(s, caller, &ns, args).await? {
+                n += i64::from(s.cancel(caller, queue, Target::Id(id)).await?);
             }
             Ok(Reply::Int(n))
         }
         "ENQUEUE" => {
             let mut n = 0;
-            for job in located(s, caller, &ns, args).await? {
+            for arg in args {
+                let Some(job) = locate(s, caller, &ns, arg).await? else { continue };
                 let queued = match job.state {
                     JobState::Reserved => {
                         s.release(caller, job.queue, job.id, None, 0, None).await.map(|_| ())
@@ -299,8 +323,8 @@ async fn addjob(
         ttr_ms: secs(if retry == 0 { DEFAULT_RETRY_S } else { retry }),
         ..PublishParams::default()
     };
-    let published = s.publish(caller, queue, &params, body.clone()).await?;
-    Ok(Reply::text(disque_id(published.id)))
+    let published = s.publish(caller, queue.clone(), &params, body.clone()).await?;
+    Ok(Reply::text(disque_id(&queue, published.id)))
 }
 
 /// `GETJOB [NOHANG] [TIMEOUT ms] [COUNT n] [WITHCOUNTERS] FROM queue...`.
@@ -364,7 +388,7 @@ async fn getjob(
 fn job_reply(job: &Job, counters: bool) -> Reply {
     let mut items = vec![
         Reply::text(job.queue.queue.clone()),
-        Reply::text(disque_id(job.id)),
+        Reply::text(disque_id(&job.queue, job.id)),
         Reply::Bulk(Some(job.body.clone())),
     ];
     if counters {
@@ -390,7 +414,7 @@ fn show(job: &Job, now: u64) -> Reply {
     let int = |n: u64| Reply::Int(i64::try_from(n).unwrap_or(i64::MAX));
     Reply::Array(Some(vec![
         Reply::text("id"),
-        Reply::text(disque_id(job.id)),
+        Reply::text(disque_id(&job.queue, job.id)),
         Reply::text("queue"),
         Reply::text(job.queue.queue.clone()),
         Reply::text("state"),
@@ -410,29 +434,46 @@ fn show(job: &Job, now: u64) -> Reply {
     ]))
 }
 
-/// The job a Disque id names, if it is in this protocol's namespace.
+/// The queue and id a Disque id names; `None` for a bare id of no job of the namespace.
+async fn resolve(
+    s: &Service,
+    caller: &Principal,
+    ns: &str,
+    arg: &[u8],
+) -> Result<Option<(QueueName, JobId)>, ServiceError> {
+    Ok(match parse_id(ns, arg)? {
+        IdRef::Queued(queue, id) => Some((queue, id)),
+        IdRef::Bare(id) => s.job_in_namespace(caller, ns, id).await?.map(|j| (j.queue, j.id)),
+    })
+}
+
+/// The job a Disque id names, if it exists.
 async fn locate(
     s: &Service,
     caller: &Principal,
     ns: &str,
     arg: &[u8],
 ) -> Result<Option<Job>, ServiceError> {
-    s.job_in_namespace(caller, ns, parse_id(arg)?).await
+    match resolve(s, caller, ns, arg).await? {
+        Some((queue, id)) => s.job(caller, &queue, id, false).await,
+        None => Ok(None),
+    }
 }
 
-/// The jobs that ids name; unknown ids are left out, as Disque counts them.
-async fn located(
+/// The queues and ids that ids name; bare ids of unknown jobs are left out, as Disque
+/// counts them.
+async fn resolved(
     s: &Service,
     caller: &Principal,
     ns: &str,
     ids: &[Vec<u8>],
-) -> Result<Vec<Job>, ServiceError> {
+) -> Result<Vec<(QueueName, JobId)>, ServiceError> {
     if ids.is_empty() {
         return Err(bad("give at least one job id"));
     }
     let mut jobs = Vec::with_capacity(ids.len());
     for id in ids {
-        jobs.extend(locate(s, caller, ns, id).await?);
+        jobs.extend(resolve(s, caller, ns, id).await?);
     }
     Ok(jobs)
 }
@@ -444,10 +485,13 @@ mod tests {
     #[test]
     fn ids_carry_disques_prefix() {
         let id = JobId(7);
-        let shown = disque_id(id);
+        let queue = QueueName::new("dq", "jobs-a");
+        let shown = disque_id(&queue, id);
         assert!(shown.starts_with("D-"));
-        assert_eq!(parse_id(shown.as_bytes()), Ok(id));
-        assert_eq!(parse_id(id.to_string().as_bytes()), Ok(id));
-        assert!(parse_id(b"D-nope").is_err());
+        assert_eq!(parse_id("dq", shown.as_bytes()), Ok(IdRef::Queued(queue, id)));
+        assert_eq!(parse_id("dq", id.to_string().as_bytes()), Ok(IdRef::Bare(id)));
+        assert!(parse_id("dq", b"D-nope").is_err());
+        assert_eq!(parse_id("dq", format!("D-{id}").as_bytes()), Ok(IdRef::Bare(id)));
+        assert!(parse_id("dq", format!("D-{id}queue").as_bytes()).is_err());
     }
 }
