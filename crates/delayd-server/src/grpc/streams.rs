@@ -11,7 +11,6 @@ use tonic::{Status, Streaming};
 use super::convert;
 use super::status::{fail, item_error, status};
 use crate::error::ServiceError;
-use crate::service::publish::Bulk;
 use crate::service::reserve::ReserveRequest;
 use crate::service::validate::{queue_name, MAX_RESERVE_COUNT};
 use crate::service::{Principal, Service};
@@ -36,7 +35,7 @@ pub(super) async fn publish_batch(
         service.revalidate(caller).await?;
         let queue = queue_name(&b.namespace, &b.queue)?;
         let p = convert::params(b.options, None)?;
-        service.publish_bulk(caller, queue, &p, Bulk::Bodies(b.bodies), b.keys).await
+        service.publish_bulk(caller, queue, &p, || Ok(b.bodies), b.keys).await
     };
     match result.await {
         Ok(published) => pb::BatchResult {

@@ -228,6 +228,16 @@ fn attributes(headers: &HeaderMap) -> Result<BTreeMap<String, String>, ApiError>
     Ok(attrs)
 }
 
+/// Splits a bulk body in lmstfy's format — a JSON array whose elements' texts are the jobs'
+/// bodies — into the bodies.
+pub(crate) fn split_json_array(data: &[u8]) -> Result<Vec<Vec<u8>>, ServiceError> {
+    let jobs: Vec<Box<serde_json::value::RawValue>> =
+        serde_json::from_slice(data).map_err(|e| {
+            ServiceError::bad_request(format!("bulk body must be a JSON array of jobs: {e}"))
+        })?;
+    Ok(jobs.into_iter().map(|j| j.get().as_bytes().to_vec()).collect())
+}
+
 /// A request body read within `limit` bytes (the route's body limit layer enforces it; this
 /// names it in the 413).
 pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Vec<u8>, ApiError> {
@@ -245,6 +255,13 @@ pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bulk_bodies_are_the_elements_texts() {
+        let bodies = split_json_array(br#"[{"a": 1}, "two", 3]"#).expect("array");
+        assert_eq!(bodies, vec![br#"{"a": 1}"#.to_vec(), br#""two""#.to_vec(), b"3".to_vec()]);
+        assert!(split_json_array(b"{}").is_err());
+    }
 
     #[test]
     fn credentials_come_from_either_header_or_the_query() {

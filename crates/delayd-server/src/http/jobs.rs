@@ -13,11 +13,10 @@ use delayd_core::{Due, Job, Target};
 use serde_json::{json, Value};
 
 use super::error::{bad, ApiError, ApiResult};
-use super::extract::{body, Caller, JobRef, Params, Path, QueueRef};
+use super::extract::{body, split_json_array, Caller, JobRef, Params, Path, QueueRef};
 use super::render;
 use crate::error::ServiceError;
 use crate::service::jobs::JobUpdate;
-use crate::service::publish::Bulk;
 use crate::service::reserve::ReserveRequest;
 use crate::service::validate::queue_names;
 use crate::service::Service;
@@ -47,7 +46,9 @@ pub(crate) async fn bulk(
 ) -> ApiResult {
     let p = params.publish(&headers)?;
     let data = body(raw, s.config().max_request_bytes())?;
-    let published = s.publish_bulk(&caller, queue, &p, Bulk::JsonArray(data), Vec::new()).await?;
+    // As lmstfy does, each element's JSON text is one job's body.
+    let bodies = || split_json_array(&data);
+    let published = s.publish_bulk(&caller, queue, &p, bodies, Vec::new()).await?;
     let ids: Vec<String> = published.iter().map(|p| p.id.to_string()).collect();
     Ok((StatusCode::CREATED, Json(json!({"msg": "published", "job_ids": ids}))).into_response())
 }

@@ -4,7 +4,7 @@ use delayd_core::{Command, JobId, NewJob, QueueName, Reply};
 use futures::future::join_all;
 
 use super::auth::{Access, Principal, Scope};
-use super::validate::{new_job, split_json_array, PublishParams, MAX_BULK};
+use super::validate::{new_job, PublishParams, MAX_BULK};
 use super::{unexpected, Service};
 use crate::error::ServiceError;
 
@@ -15,16 +15,6 @@ pub struct Published {
     pub id: JobId,
     /// True when the key already named a job and nothing was created.
     pub existed: bool,
-}
-
-/// The bodies of a bulk publish, as the front end received them.
-#[derive(Clone, Debug)]
-pub enum Bulk {
-    /// One body per job, already apart (gRPC's repeated field).
-    Bodies(Vec<Vec<u8>>),
-    /// lmstfy's format: a JSON array whose elements' texts are the jobs' bodies. Split only
-    /// once the caller is authorized, like every other argument.
-    JsonArray(Vec<u8>),
 }
 
 fn published(r: Reply) -> Result<Published, ServiceError> {
@@ -49,7 +39,8 @@ impl Service {
         published(self.write_one(Command::Publish { queue, job }).await?)
     }
 
-    /// Publishes 1..=[`MAX_BULK`] jobs with the same parameters. Without `keys`, in one log
+    /// Publishes 1..=[`MAX_BULK`] jobs with the same parameters. `bodies` decodes the front
+    /// end's message, and runs only once the caller is authorized. Without `keys`, in one log
     /// entry: all or none. With one key per body, each job is published on its own (the
     /// proposer still packs them together), so a bulk that failed halfway is simply sent
     /// again: each is idempotent.
@@ -58,14 +49,11 @@ impl Service {
         caller: &Principal,
         queue: QueueName,
         params: &PublishParams,
-        bulk: Bulk,
+        bodies: impl FnOnce() -> Result<Vec<Vec<u8>>, ServiceError>,
         keys: Vec<String>,
     ) -> Result<Vec<Published>, ServiceError> {
         self.authorize(caller, Scope::queue(&queue, Access::Write))?;
-        let bodies = match bulk {
-            Bulk::Bodies(bodies) => bodies,
-            Bulk::JsonArray(data) => split_json_array(&data)?,
-        };
+        let bodies = bodies()?;
         if bodies.is_empty() || bodies.len() > MAX_BULK {
             return Err(ServiceError::bad_request(format!(
                 "a bulk publish carries 1 to {MAX_BULK} jobs, not {}",

@@ -316,16 +316,6 @@ pub(crate) fn new_job(p: &PublishParams, body: Vec<u8>) -> NewJob {
     }
 }
 
-/// Splits a bulk body in lmstfy's format — a JSON array whose elements' texts are the jobs'
-/// bodies — into the bodies.
-pub fn split_json_array(data: &[u8]) -> Result<Vec<Vec<u8>>, ServiceError> {
-    let jobs: Vec<Box<serde_json::value::RawValue>> =
-        serde_json::from_slice(data).map_err(|e| {
-            ServiceError::bad_request(format!("bulk body must be a JSON array of jobs: {e}"))
-        })?;
-    Ok(jobs.into_iter().map(|j| j.get().as_bytes().to_vec()).collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,12 +337,5 @@ mod tests {
         assert_eq!(DEAD_JOBS_LIMIT.check(None), Ok(10));
         let e = DEAD_JOBS_LIMIT.check(Some(1001)).expect_err("over");
         assert_eq!(e.to_string(), "invalid limit 1001: expected 1 to 1000");
-    }
-
-    #[test]
-    fn bulk_bodies_are_the_elements_texts() {
-        let bodies = split_json_array(br#"[{"a": 1}, "two", 3]"#).expect("array");
-        assert_eq!(bodies, vec![br#"{"a": 1}"#.to_vec(), br#""two""#.to_vec(), b"3".to_vec()]);
-        assert!(split_json_array(b"{}").is_err());
     }
 }
