@@ -9,7 +9,12 @@ use serde::Serialize;
 use crate::kv::KvError;
 
 /// The encoding version this build writes.
-pub const VERSION: u8 = 1;
+///
+/// - 1: the first layout.
+/// - 2: a [`Job`](crate::Job) record ends with its number. Every other value is laid out as
+///   in version 1, so both versions decode (jobs through [`decode_job`]); a build that only
+///   knows version 1 refuses version 2 values instead of misreading them.
+pub const VERSION: u8 = 2;
 
 /// Encodes a value with the current version byte.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -22,13 +27,27 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     }
 }
 
-/// Decodes a value written by [`encode`].
+/// Decodes a value written by [`encode`] (for a job record, use [`decode_job`]).
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, KvError> {
     match bytes.split_first() {
-        Some((&VERSION, rest)) => {
-            postcard::from_bytes(rest).map_err(|e| KvError(format!("corrupt value: {e}")))
-        }
+        Some((1 | 2, rest)) => from_postcard(rest),
         Some((v, _)) => Err(KvError(format!("unknown encoding version {v}"))),
         None => Err(KvError("empty value".into())),
     }
+}
+
+/// Decodes a stored job record of any version. A version 1 record predates job numbers:
+/// it decodes with number 0, which the state machine replaces with a number the next time
+/// the job changes.
+pub fn decode_job(bytes: &[u8]) -> Result<crate::Job, KvError> {
+    match bytes.split_first() {
+        // The number is the record's last field, a postcard varint: appending a 0 byte
+        // turns a version 1 record into the version 2 record of the same job with number 0.
+        Some((1, rest)) => from_postcard(&[rest, &[0]].concat()),
+        _ => decode(bytes),
+    }
+}
+
+fn from_postcard<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, KvError> {
+    postcard::from_bytes(bytes).map_err(|e| KvError(format!("corrupt value: {e}")))
 }

@@ -283,6 +283,48 @@ pub enum Command {
         /// Backoff before the next try.
         delay_ms: u64,
     },
+    /// Take up to `count` ready jobs across the queues, most urgent first: the lowest
+    /// priority value, then the longest in line, whatever the queue (beanstalkd's reserve
+    /// over the tubes it watches). [`Command::Reserve`] instead empties the queues in the
+    /// order given.
+    ReserveUrgent {
+        /// The queues.
+        queues: Vec<QueueName>,
+        /// At most this many jobs (≥ 1).
+        count: u32,
+        /// Time-to-run override; `None` uses each job's own.
+        ttr_ms: Option<u64>,
+        /// Leader-chosen randomness from which each delivery's lease token is derived.
+        lease_seed: u64,
+    },
+    /// Reserve one job by id, out of line, when it is ready, delayed or dead (beanstalkd's
+    /// `reserve-job`).
+    ReserveJob {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// Time-to-run override; `None` uses the job's own.
+        ttr_ms: Option<u64>,
+        /// Leader-chosen randomness from which the lease token is derived.
+        lease_seed: u64,
+    },
+    /// Make up to `limit` dead jobs ready again, oldest first, keeping their tries and ttl;
+    /// when the queue has no dead job, up to `limit` delayed jobs instead, oldest first
+    /// (beanstalkd's `kick`). At most [`crate::limits::MAX_JOBS_PER_COMMAND`] per command.
+    Kick {
+        /// The queue.
+        queue: QueueName,
+        /// At most this many.
+        limit: u32,
+    },
+    /// Make one dead or delayed job ready now (beanstalkd's `kick-job`).
+    KickJob {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+    },
 }
 
 impl Command {
@@ -292,7 +334,9 @@ impl Command {
     /// it; `None` means it must go through the log.
     pub fn idle_outcome(&self, kv: &impl KvRead) -> Result<Option<Outcome>, KvError> {
         match self {
-            Command::Reserve { queues, .. } if !crate::query::anything_ready(kv, queues)? => {
+            Command::Reserve { queues, .. } | Command::ReserveUrgent { queues, .. }
+                if !crate::query::anything_ready(kv, queues)? =>
+            {
                 Ok(Some(Ok(Reply::Reserved(Vec::new()))))
             }
             _ => Ok(None),
@@ -315,7 +359,9 @@ impl Command {
             + match self {
                 Command::Publish { queue: q, job: j }
                 | Command::Republish { queue: q, job: j, .. } => queue(q) + job(j),
-                Command::Reserve { queues, .. } => queues.iter().map(|q| queue(q) + 4).sum(),
+                Command::Reserve { queues, .. } | Command::ReserveUrgent { queues, .. } => {
+                    queues.iter().map(|q| queue(q) + 4).sum()
+                }
                 Command::Update { queue: q, target, body, .. } => {
                     queue(q) + target_len(target) + body.as_ref().map_or(0, Vec::len)
                 }
@@ -327,7 +373,10 @@ impl Command {
                 | Command::Respawn { queue: q, .. }
                 | Command::Purge { queue: q, .. }
                 | Command::SetPaused { queue: q, .. }
-                | Command::Destroy { queue: q, .. } => queue(q),
+                | Command::Destroy { queue: q, .. }
+                | Command::ReserveJob { queue: q, .. }
+                | Command::Kick { queue: q, .. }
+                | Command::KickJob { queue: q, .. } => queue(q),
                 Command::CreateToken { token, namespace, description, .. } => {
                     token.len() + namespace.len() + description.len()
                 }
@@ -397,6 +446,8 @@ pub enum Reply {
     Published {
         /// Its id.
         id: JobId,
+        /// Its number ([`Job::number`]).
+        number: u64,
     },
     /// A live job (or one inside the dedup window) already holds the key.
     Exists {

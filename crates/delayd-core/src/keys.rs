@@ -16,6 +16,7 @@
 //! | DueHist  | queue minute(8)                       | count(8)       |
 //! | Meta     | name                                  | u64 (8)        |
 //! | Meta     | `token/` token                        | [`TokenRecord`] |
+//! | Meta     | `number/` number(8)                   | id(16) queue   |
 //!
 //! [`Job`]: crate::model::Job
 //! [`QueueMeta`]: crate::model::QueueMeta
@@ -29,6 +30,33 @@ use crate::model::{JobId, QueueName};
 pub const META_CLOCK: &[u8] = b"clock";
 /// Meta key of the ready/dead-letter sequence counter.
 pub const META_SEQ: &[u8] = b"seq";
+
+/// Meta key of the job number counter: the last number given (see [`crate::Job::number`]).
+pub const META_NUMBER: &[u8] = b"number";
+
+/// Prefix of the job number index in the Meta column family.
+pub const NUMBER_PREFIX: &[u8] = b"number/";
+
+/// Meta key of a job number in the number index; the value is [`numbered`].
+pub fn number(n: u64) -> Vec<u8> {
+    let mut k = NUMBER_PREFIX.to_vec();
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+
+/// The number index's value for a job: its id, then its queue.
+pub fn numbered(id: JobId, q: &QueueName) -> Vec<u8> {
+    let mut v = id.to_bytes().to_vec();
+    v.extend(queue(q));
+    v
+}
+
+/// Decodes [`numbered`].
+pub fn parse_numbered(value: &[u8]) -> Option<(JobId, QueueName)> {
+    let id = JobId::from_bytes(value.get(..16)?.try_into().ok()?);
+    let (queue, rest) = split_queue(&value[16..])?;
+    rest.is_empty().then_some((id, queue))
+}
 
 /// Meta key of the timer index's floor (see [`floor`]).
 pub const META_TIMERS_FLOOR: &[u8] = b"floor/timers";

@@ -16,7 +16,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 
-use crate::codec::{decode, encode};
+use crate::codec::{decode, decode_job, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
 use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_SEQ};
 use crate::kv::{Cf, KvError, KvRead, Overlay};
@@ -332,6 +332,36 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 }
             }
             Command::Tick { limit } => self.tick(*limit).map(Ok),
+            Command::ReserveUrgent { queues, count, ttr_ms, lease_seed } => {
+                self.reserve_urgent(queues, *count, *ttr_ms, *lease_seed).map(Ok)
+            }
+            Command::ReserveJob { queue, id, ttr_ms, lease_seed } => {
+                let Some(mut job) = self.job_in(queue, *id)? else {
+                    return Ok(Err(Rejection::JobNotFound));
+                };
+                if job.state == JobState::Reserved {
+                    let state = job.state.as_str().to_string();
+                    return Ok(Err(Rejection::WrongState(state, "ready, delayed or dead".into())));
+                }
+                if job.state == JobState::Dead {
+                    // Out of the dead letter, the job's ttl applies again.
+                    self.set_expiry(&job, true)?;
+                }
+                let delivery = self.lease_out(&mut job, *ttr_ms, lease_token(*lease_seed, 0))?;
+                Ok(Ok(Reply::Reserved(vec![delivery])))
+            }
+            Command::Kick { queue, limit } => self.kick(queue, *limit).map(Ok),
+            Command::KickJob { queue, id } => {
+                let Some(mut job) = self.job_in(queue, *id)? else {
+                    return Ok(Err(Rejection::JobNotFound));
+                };
+                if !matches!(job.state, JobState::Dead | JobState::Delayed) {
+                    let state = job.state.as_str().to_string();
+                    return Ok(Err(Rejection::WrongState(state, "dead or delayed".into())));
+                }
+                self.kick_job(&mut job)?;
+                Ok(Ok(Reply::Job(Box::new(job))))
+            }
         }
     }
 
@@ -370,6 +400,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             ttr_ms: new.ttr_ms,
             lease: None,
             seq: 0,
+            number: 0, // numbered when stored
         };
         if let Some(key) = &new.key {
             let rec = KeyRecord { id: job.id, ended_ms: None };
@@ -379,7 +410,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         self.set_expiry(&job, true)?;
         self.index(&mut job)?;
         self.effects.count(queue, |e| &mut e.published);
-        Ok(Ok(Reply::Published { id: job.id }))
+        Ok(Ok(Reply::Published { id: job.id, number: job.number }))
     }
 
     fn reserve(
@@ -412,19 +443,136 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     self.kv.put(Cf::Meta, floor, key.clone());
                     break 'queues;
                 }
-                self.unindex(&job)?;
-                job.attempts = job.attempts.saturating_add(1);
-                let ttr = ttr_ms.unwrap_or(job.ttr_ms);
                 let token = lease_token(seed, out.len() as u64);
-                job.lease =
-                    Some(Lease { token, deadline_ms: self.now.saturating_add(ttr), ttr_ms: ttr });
-                job.state = JobState::Reserved;
-                self.index(&mut job)?;
-                self.effects.count(queue, |e| &mut e.reserved);
-                out.push(Delivery { job, lease: token });
+                out.push(self.lease_out(&mut job, ttr_ms, token)?);
             }
         }
         Ok(Reply::Reserved(out))
+    }
+
+    /// Reserves the most urgent ready jobs across `queues`, one at a time: each round
+    /// compares the queues' heads by priority, then by place in line (the sequence is global,
+    /// so places compare across queues).
+    fn reserve_urgent(
+        &mut self,
+        queues: &[QueueName],
+        count: u32,
+        ttr_ms: Option<u64>,
+        seed: u64,
+    ) -> Result<Reply, KvError> {
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut open = Vec::new();
+        for queue in queues {
+            if !self.meta(queue)?.paused && !open.contains(&queue) {
+                open.push(queue);
+            }
+        }
+        while out.len() < count as usize {
+            // (rank, queue, the head's id, where the queue's floor moves once it is taken)
+            let mut best: Option<(Vec<u8>, &QueueName, JobId, Vec<u8>)> = None;
+            for queue in &open {
+                let (head, next) = self.head_of_ready(queue, 1)?;
+                let Some((key, id)) = head.into_iter().next() else { continue };
+                // The ready key after the queue's prefix: priority, then sequence.
+                let rank = key.get(keys::queue(queue).len()..).unwrap_or_default().to_vec();
+                if best.as_ref().is_none_or(|(r, ..)| rank < *r) {
+                    best = Some((rank, queue, id, next));
+                }
+            }
+            let Some((_, queue, id, next)) = best else { break };
+            let Some(mut job) = self.load(id)? else {
+                // An index entry without its job cannot be taken: step past it.
+                self.kv.put(Cf::Meta, keys::floor(queue), next);
+                continue;
+            };
+            bytes = bytes.saturating_add(job.payload_bytes());
+            if bytes > MAX_RESERVE_BYTES && !out.is_empty() {
+                break;
+            }
+            self.kv.put(Cf::Meta, keys::floor(queue), next);
+            let token = lease_token(seed, out.len() as u64);
+            out.push(self.lease_out(&mut job, ttr_ms, token)?);
+        }
+        Ok(Reply::Reserved(out))
+    }
+
+    /// Hands `job` (out of whatever index it is in) to a consumer under lease `token`.
+    fn lease_out(
+        &mut self,
+        job: &mut Job,
+        ttr_ms: Option<u64>,
+        token: u64,
+    ) -> Result<Delivery, KvError> {
+        self.unindex(job)?;
+        job.attempts = job.attempts.saturating_add(1);
+        let ttr = ttr_ms.unwrap_or(job.ttr_ms);
+        job.lease = Some(Lease { token, deadline_ms: self.now.saturating_add(ttr), ttr_ms: ttr });
+        job.state = JobState::Reserved;
+        self.index(job)?;
+        self.effects.count(&job.queue, |e| &mut e.reserved);
+        Ok(Delivery { job: job.clone(), lease: token })
+    }
+
+    /// Kicks up to `limit` dead jobs of `queue`, or delayed ones when none is dead.
+    fn kick(&mut self, queue: &QueueName, limit: u32) -> Result<Reply, KvError> {
+        let (ids, mut more) = if self.meta(queue)?.count(JobState::Dead) > 0 {
+            self.chunk(Cf::Dead, queue, limit)?
+        } else {
+            self.delayed_ids(queue, limit)?
+        };
+        let mut count = 0;
+        for id in ids {
+            if self.work_spent() {
+                more = true;
+                break;
+            }
+            let Some(mut job) = self.load(id)? else { continue };
+            self.kick_job(&mut job)?;
+            count += 1;
+        }
+        Ok(Reply::Count { count, more })
+    }
+
+    /// The first `limit` (at most [`MAX_JOBS_PER_COMMAND`]) delayed jobs of `queue` in
+    /// publish order, and whether more may be left. The queue's members are all looked at,
+    /// so the byte budget bounds the search as well.
+    fn delayed_ids(&self, queue: &QueueName, limit: u32) -> Result<(Vec<JobId>, bool), KvError> {
+        let want = limit.min(MAX_JOBS_PER_COMMAND) as usize;
+        let prefix = keys::queue(queue);
+        let mut ids = Vec::new();
+        let mut failed = Ok(());
+        let mut more = false;
+        self.kv.scan(Cf::Members, &prefix, &keys::prefix_end(&prefix), &mut |k, _| {
+            let Some(id) = keys::trailing_id(k) else { return true };
+            if ids.len() == want || self.work_spent() {
+                more = true;
+                return false;
+            }
+            match self.load(id) {
+                Ok(Some(job)) if job.state == JobState::Delayed => ids.push(id),
+                Ok(_) => {}
+                Err(e) => {
+                    failed = Err(e);
+                    return false;
+                }
+            }
+            true
+        })?;
+        failed?;
+        Ok((ids, more))
+    }
+
+    /// Makes a dead or delayed job ready now, keeping its tries (and its ttl, which applies
+    /// again to a job leaving the dead letter).
+    fn kick_job(&mut self, job: &mut Job) -> Result<(), KvError> {
+        self.unindex(job)?;
+        if job.state == JobState::Dead {
+            self.set_expiry(job, true)?;
+        }
+        job.due_ms = self.now;
+        job.state = JobState::Ready;
+        self.index(job)
     }
 
     fn ack(
@@ -734,6 +882,9 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         }
         self.kv.delete(Cf::Members, keys::member(&job.queue, job.id));
         self.kv.delete(Cf::Jobs, job.id.to_bytes().to_vec());
+        if job.number != 0 {
+            self.kv.delete(Cf::Meta, keys::number(job.number));
+        }
         if let Some(key) = &job.key {
             let k = keys::client_key(&job.queue, key);
             if keep_key {
@@ -859,6 +1010,10 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             JobState::Dead => self.kv.put(Cf::Dead, keys::dead(&q, job.seq, job.id), Vec::new()),
         }
         self.count(&q, job.state, 1)?;
+        if job.number == 0 {
+            job.number = self.next_counter(keys::META_NUMBER)?;
+            self.kv.put(Cf::Meta, keys::number(job.number), keys::numbered(job.id, &q));
+        }
         self.kv.put(Cf::Jobs, job.id.to_bytes().to_vec(), encode(&*job));
         Ok(())
     }
@@ -879,15 +1034,20 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     }
 
     fn next_seq(&mut self) -> Result<u64, KvError> {
-        let seq = read_u64(self.kv, Cf::Meta, META_SEQ)?.unwrap_or(0) + 1;
-        self.kv.put(Cf::Meta, META_SEQ.to_vec(), seq.to_be_bytes().to_vec());
-        Ok(seq)
+        self.next_counter(META_SEQ)
+    }
+
+    /// Increments the counter stored under Meta key `key` and returns its new value.
+    fn next_counter(&mut self, key: &[u8]) -> Result<u64, KvError> {
+        let n = read_u64(self.kv, Cf::Meta, key)?.unwrap_or(0) + 1;
+        self.kv.put(Cf::Meta, key.to_vec(), n.to_be_bytes().to_vec());
+        Ok(n)
     }
 
     fn load(&self, id: JobId) -> Result<Option<Job>, KvError> {
         let Some(v) = self.kv.get(Cf::Jobs, &id.to_bytes())? else { return Ok(None) };
         self.loaded_bytes.set(self.loaded_bytes.get().saturating_add(v.len()));
-        decode(&v).map(Some)
+        decode_job(&v).map(Some)
     }
 
     /// The job, if it exists and belongs to `queue`: ids are only meaningful within their
@@ -1260,5 +1420,48 @@ mod bounded_work {
         assert!(matches!(refused, Err(Rejection::Invalid(_))), "{refused:?}");
         job.ttl_ms = Some(1001);
         assert!(one(&mut kv, 1, Command::Publish { queue: queue(), job }).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod numbers {
+    #![allow(clippy::unwrap_used)]
+
+    use super::testing::{new_job, run};
+    use super::*;
+    use crate::kv::MemKv;
+    use crate::query;
+
+    /// A job record as a release before job numbers wrote it: version 1, no number field.
+    fn legacy_record(job: &Job) -> Vec<u8> {
+        assert_eq!(job.number, 0);
+        let mut bytes = encode(job);
+        // The current layout ends with the number, 0 here: one varint byte.
+        assert_eq!(bytes.pop(), Some(0));
+        bytes[0] = 1;
+        bytes
+    }
+
+    #[test]
+    fn a_job_stored_before_numbers_decodes_and_is_numbered_on_its_next_change() {
+        let queue = QueueName::new("ns", "q");
+        let mut kv = MemKv::default();
+        run(&mut kv, 1000, vec![Command::Publish { queue: queue.clone(), job: new_job(7, 0) }]);
+        let mut job = query::job(&kv, &queue, JobId(7)).unwrap().unwrap();
+        assert_eq!(job.number, 1);
+        // Rewrite it as the old release stored it, without its number or its index entry.
+        job.number = 0;
+        kv.apply(vec![
+            (Cf::Jobs, JobId(7).to_bytes().to_vec(), Some(legacy_record(&job))),
+            (Cf::Meta, keys::number(1), None),
+        ]);
+        assert_eq!(query::job(&kv, &queue, JobId(7)).unwrap(), Some(job.clone()));
+
+        let reserve =
+            Command::Reserve { queues: vec![queue.clone()], count: 1, ttr_ms: None, lease_seed: 1 };
+        run(&mut kv, 1001, vec![reserve]);
+        let numbered = query::job(&kv, &queue, JobId(7)).unwrap().unwrap();
+        assert_eq!(numbered.number, 2, "the counter's next number");
+        assert_eq!(query::job_by_number(&kv, 2).unwrap().map(|j| j.id), Some(JobId(7)));
     }
 }

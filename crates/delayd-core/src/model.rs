@@ -143,6 +143,11 @@ pub struct Job {
     pub lease: Option<Lease>,
     /// Position in the ready or dead-letter order, when ready or dead.
     pub seq: u64,
+    /// The job's number: a second id, an integer unique in the cluster, given by the state
+    /// machine in the order jobs are stored, from 1 (beanstalkd's job ids). 0 only for a job
+    /// stored before numbers existed, until its next change numbers it. Must stay the last
+    /// field (see [`crate::codec::decode_job`]).
+    pub number: u64,
 }
 
 impl Job {

@@ -3,20 +3,28 @@
 //! These never change state, so they run outside the log against a snapshot of the local
 //! replica (made linearizable by the caller when it needs to be).
 
-use crate::codec::decode;
+use crate::codec::{decode, decode_job};
 use crate::keys::{self, KeyRecord, META_CLOCK};
 use crate::kv::{Cf, KvError, KvRead};
 use crate::model::{Job, JobId, QueueMeta, QueueName, Schedule, TokenRecord, Webhook};
 
 /// The job with this id, if it exists in `queue`.
 pub fn job(kv: &impl KvRead, queue: &QueueName, id: JobId) -> Result<Option<Job>, KvError> {
-    let job: Option<Job> = kv.get(Cf::Jobs, &id.to_bytes())?.map(|v| decode(&v)).transpose()?;
-    Ok(job.filter(|j| &j.queue == queue))
+    Ok(job_anywhere(kv, id)?.filter(|j| &j.queue == queue))
 }
 
 /// One job by id, whatever its queue (for protocols whose job ids are global).
 pub fn job_anywhere(kv: &impl KvRead, id: JobId) -> Result<Option<Job>, KvError> {
-    kv.get(Cf::Jobs, &id.to_bytes())?.map(|v| decode(&v)).transpose()
+    kv.get(Cf::Jobs, &id.to_bytes())?.map(|v| decode_job(&v)).transpose()
+}
+
+/// The job with this number ([`Job::number`]), whatever its queue.
+pub fn job_by_number(kv: &impl KvRead, number: u64) -> Result<Option<Job>, KvError> {
+    let Some(v) = kv.get(Cf::Meta, &keys::number(number))? else { return Ok(None) };
+    let Some((id, queue)) = keys::parse_numbered(&v) else {
+        return Err(KvError("corrupt job number index".into()));
+    };
+    job(kv, &queue, id)
 }
 
 /// The live job holding a client key.
@@ -54,6 +62,94 @@ fn head(kv: &impl KvRead, cf: Cf, queue: &QueueName, limit: usize) -> Result<Vec
 /// The next job a reserve would hand out.
 pub fn peek_ready(kv: &impl KvRead, queue: &QueueName) -> Result<Option<Job>, KvError> {
     Ok(head(kv, Cf::Ready, queue, 1)?.pop())
+}
+
+/// The delayed job of `queue` that comes due first (the earliest of them, by id, when
+/// several are due the same millisecond). Looks at the timers of the first minute in which
+/// the queue has delayed jobs (the due histogram says which), loading each due-timer's job
+/// until one is the queue's.
+pub fn peek_delayed(kv: &impl KvRead, queue: &QueueName) -> Result<Option<Job>, KvError> {
+    let prefix = keys::queue(queue);
+    let mut minutes = Vec::new();
+    kv.scan(Cf::DueHist, &prefix, &keys::prefix_end(&prefix), &mut |k, _| {
+        let minute = k.get(prefix.len()..).and_then(|m| m.try_into().ok()).map(u64::from_be_bytes);
+        minutes.extend(minute);
+        // A few minutes in case the first holds only timers already fired; the histogram
+        // and the timers are written together, so the first minute normally answers.
+        minutes.len() < 4
+    })?;
+    for minute in minutes {
+        let from = keys::timer(minute.saturating_mul(60_000), keys::TimerKind::Expire, JobId(0));
+        let next = minute.saturating_add(1).saturating_mul(60_000);
+        let to = keys::timer(next, keys::TimerKind::Expire, JobId(0));
+        let mut found = Ok(None);
+        kv.scan(Cf::Timers, &from, &to, &mut |k, _| {
+            let Some((deadline, keys::TimerKind::Due, id)) = keys::parse_timer(k) else {
+                return true;
+            };
+            found = job(kv, queue, id).map(|job| {
+                job.filter(|j| j.state == crate::model::JobState::Delayed && j.due_ms == deadline)
+            });
+            matches!(found, Ok(None))
+        })?;
+        if let Some(job) = found? {
+            return Ok(Some(job));
+        }
+    }
+    Ok(None)
+}
+
+/// How many ready jobs of `queue` have a priority below `priority`, counting at most `cap`
+/// (the ready index is in priority order, so this reads only those jobs' index keys).
+pub fn ready_below(
+    kv: &impl KvRead,
+    queue: &QueueName,
+    priority: u32,
+    cap: u64,
+) -> Result<u64, KvError> {
+    let prefix = keys::queue(queue);
+    let from = kv.get(Cf::Meta, &keys::floor(queue))?.unwrap_or_else(|| prefix.clone());
+    let to = keys::ready(queue, priority, 0, JobId(0));
+    let mut n = 0;
+    if from < to {
+        kv.scan(Cf::Ready, &from, &to, &mut |_, _| {
+            n += 1;
+            n < cap
+        })?;
+    }
+    Ok(n)
+}
+
+/// Up to `limit` jobs of `queue` in any state, in id order (publish order), starting after
+/// the job `after` when given: a cursor over a queue's jobs.
+pub fn members(
+    kv: &impl KvRead,
+    queue: &QueueName,
+    after: Option<JobId>,
+    limit: usize,
+) -> Result<Vec<Job>, KvError> {
+    let prefix = keys::queue(queue);
+    let from = match after {
+        // The smallest key above the member `after`.
+        Some(id) => {
+            let mut k = keys::member(queue, id);
+            k.push(0);
+            k
+        }
+        None => prefix.clone(),
+    };
+    let mut ids = Vec::new();
+    if limit > 0 {
+        kv.scan(Cf::Members, &from, &keys::prefix_end(&prefix), &mut |k, _| {
+            ids.extend(keys::trailing_id(k));
+            ids.len() < limit
+        })?;
+    }
+    let mut jobs = Vec::with_capacity(ids.len());
+    for id in ids {
+        jobs.extend(job(kv, queue, id)?);
+    }
+    Ok(jobs)
 }
 
 /// Up to `limit` dead jobs, oldest first.

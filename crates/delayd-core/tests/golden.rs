@@ -35,8 +35,9 @@ fn id(s: &str) -> Result<JobId, Box<dyn Error>> {
 
 fn show_job(j: &Job) -> String {
     let mut s = format!(
-        "#{} {} {} due={} prio={} tries={}/{}",
+        "#{} n{} {} {} due={} prio={} tries={}/{}",
         j.id.0,
+        j.number,
         j.queue,
         j.state.as_str(),
         j.due_ms,
@@ -89,7 +90,9 @@ impl Machine {
     fn show(&mut self, outcome: &Outcome) -> String {
         match outcome {
             Err(r) => format!("rejected: {r}"),
-            Ok(Reply::Published { id }) => format!("published #{}", id.0),
+            Ok(Reply::Published { id, number }) => {
+                format!("published #{} as number {number}", id.0)
+            }
             Ok(Reply::Exists { id }) => format!("exists #{}", id.0),
             Ok(Reply::Reserved(ds)) if ds.is_empty() => "no job".into(),
             Ok(Reply::Reserved(ds)) => ds
@@ -141,6 +144,17 @@ impl Machine {
         })
     }
 
+    /// The lease seed given (`seed=`), or the next of a counter.
+    fn seed(&mut self, args: &mut goldenscript::ArgumentConsumer) -> Result<u64, Box<dyn Error>> {
+        Ok(match args.lookup_parse("seed")? {
+            Some(seed) => seed,
+            None => {
+                self.seeds += 1;
+                self.seeds
+            }
+        })
+    }
+
     fn lease(
         &self,
         job: JobId,
@@ -172,7 +186,7 @@ impl Machine {
         let mut out = String::new();
         for (cf, k, v) in self.kv.iter() {
             let line = match cf {
-                Cf::Jobs => show_job(&codec::decode::<Job>(v)?),
+                Cf::Jobs => show_job(&codec::decode_job(v)?),
                 Cf::Timers => {
                     let (d, kind, id) = keys::parse_timer(k).ok_or("bad timer")?;
                     format!("timer {d} {kind:?} #{}", id.0)
@@ -244,6 +258,11 @@ impl Machine {
                     let w = codec::decode::<Webhook>(v)?;
                     format!("Meta webhook {q} = {} timeout={}", w.url, w.timeout_ms)
                 }
+                Cf::Meta if k.starts_with(keys::NUMBER_PREFIX) => {
+                    let n = u64::from_be_bytes(k[keys::NUMBER_PREFIX.len()..].try_into()?);
+                    let (id, q) = keys::parse_numbered(v).ok_or("bad number index value")?;
+                    format!("Meta number {n} = {q} #{}", id.0)
+                }
                 Cf::Meta if k.starts_with(keys::TOKEN_PREFIX) => format!(
                     "Meta {} = {:?}",
                     String::from_utf8_lossy(k),
@@ -305,23 +324,65 @@ impl Runner for Machine {
                     None => Command::Publish { queue: q, job },
                 }
             }
-            "reserve" => {
+            "reserve" | "reserve_urgent" => {
                 let mut queues = Vec::new();
                 while let Some(arg) = args.next_pos() {
                     queues.push(queue(&arg.value)?);
                 }
-                Command::Reserve {
-                    queues,
-                    count: args.lookup_parse("count")?.unwrap_or(1),
-                    ttr_ms: args.lookup_parse("ttr")?,
-                    lease_seed: match args.lookup_parse("seed")? {
-                        Some(seed) => seed,
-                        None => {
-                            self.seeds += 1;
-                            self.seeds
-                        }
-                    },
+                let count = args.lookup_parse("count")?.unwrap_or(1);
+                let ttr_ms = args.lookup_parse("ttr")?;
+                let lease_seed = self.seed(&mut args)?;
+                if line.name == "reserve" {
+                    Command::Reserve { queues, count, ttr_ms, lease_seed }
+                } else {
+                    Command::ReserveUrgent { queues, count, ttr_ms, lease_seed }
                 }
+            }
+            "reserve_job" => Command::ReserveJob {
+                queue: queue(&args.next_pos().ok_or("queue expected")?.value)?,
+                id: id(&args.next_pos().ok_or("job id expected")?.value)?,
+                ttr_ms: args.lookup_parse("ttr")?,
+                lease_seed: self.seed(&mut args)?,
+            },
+            "kick" => Command::Kick {
+                queue: queue(&args.next_pos().ok_or("queue expected")?.value)?,
+                limit: args.lookup_parse("limit")?.unwrap_or(1),
+            },
+            "kick_job" => Command::KickJob {
+                queue: queue(&args.next_pos().ok_or("queue expected")?.value)?,
+                id: id(&args.next_pos().ok_or("job id expected")?.value)?,
+            },
+            "number" => {
+                let n = args.next_pos().ok_or("number expected")?.value.parse()?;
+                args.reject_rest()?;
+                let job = query::job_by_number(&self.kv, n)?;
+                return Ok(format!("{}\n", job.map_or("no job".into(), |j| show_job(&j))));
+            }
+            "peek_delayed" => {
+                let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
+                args.reject_rest()?;
+                let job = query::peek_delayed(&self.kv, &q)?;
+                return Ok(format!("{}\n", job.map_or("no job".into(), |j| show_job(&j))));
+            }
+            "urgent" => {
+                let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
+                let below = args.lookup_parse("below")?.unwrap_or(1024);
+                args.reject_rest()?;
+                return Ok(format!("{}\n", query::ready_below(&self.kv, &q, below, 1000)?));
+            }
+            "members" => {
+                let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
+                let after = match args.lookup_parse::<String>("after")? {
+                    Some(a) => Some(id(&a)?),
+                    None => None,
+                };
+                let limit = args.lookup_parse("limit")?.unwrap_or(100);
+                args.reject_rest()?;
+                let ids: Vec<String> = query::members(&self.kv, &q, after, limit)?
+                    .iter()
+                    .map(|j| format!("#{}", j.id.0))
+                    .collect();
+                return Ok(format!("{}\n", ids.join(" ")));
             }
             "fail" => {
                 let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
@@ -541,7 +602,7 @@ macro_rules! golden {
 
 golden!(
     publish, reserve, lease, expiry, deadletter, update, queue_ops, tokens, events, webhooks,
-    schedules
+    beanstalk, schedules
 );
 
 /// The state machine reads everything through `KvRead`; make sure the clock query sees what

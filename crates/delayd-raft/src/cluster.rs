@@ -649,6 +649,7 @@ impl Cluster {
             last_applied: m.last_applied.map(|l| l.index),
             snapshot: m.snapshot.map(|l| l.index),
             purged: m.purged.map(|l| l.index),
+            services: self.inner.config.services.clone(),
         }
     }
 

@@ -22,6 +22,10 @@ pub struct ClusterConfig {
     /// The gRPC address other nodes use to reach this one (`host:port`); defaults to
     /// `grpc_addr`, with `127.0.0.1` for an unspecified host.
     pub advertise_addr: Option<String>,
+    /// Where this node serves its owner's protocols, by name (`http`, `disque`, ...) as
+    /// `host:port`: reported in the node's status ([`crate::NodeStatus::services`]), so a
+    /// client of any of them can learn every node's address from one node.
+    pub services: BTreeMap<String, String>,
     /// The initial members, `id → gRPC address`, identical on every founding node. Empty: a
     /// single-node cluster of this node. Ignored once the node has joined a cluster.
     pub initial_members: BTreeMap<u64, String>,
@@ -95,6 +99,7 @@ impl Default for ClusterConfig {
             data_dir: PathBuf::from("data"),
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 7778)),
             advertise_addr: None,
+            services: BTreeMap::new(),
             initial_members: BTreeMap::new(),
             join: false,
             cluster_secret: None,
@@ -126,6 +131,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("data_dir", &self.data_dir)
             .field("grpc_addr", &self.grpc_addr)
             .field("advertise_addr", &self.advertise_addr)
+            .field("services", &self.services)
             .field("initial_members", &self.initial_members)
             .field("join", &self.join)
             .field("timing", &self.timing)

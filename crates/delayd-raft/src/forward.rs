@@ -86,4 +86,6 @@ pub struct NodeStatus {
     pub snapshot: Option<u64>,
     /// Index up to which the log was purged.
     pub purged: Option<u64>,
+    /// Where the node serves its owner's protocols ([`crate::ClusterConfig::services`]).
+    pub services: std::collections::BTreeMap<String, String>,
 }

@@ -13,11 +13,26 @@
 //! ## Wire format
 //!
 //! Each openraft call is one unary call of the `delayd.raft.v1.Raft` service
-//! (`proto/raft.proto`). The request payload is openraft's own request, and the reply payload
-//! is the receiver's whole `Result<Response, Error>`, both encoded with
-//! [`delayd_core::codec`] (a version byte, then postcard). A Raft-level error on the receiver
-//! (it stopped, its storage failed, a snapshot chunk arrived out of order) therefore travels
-//! back as a value, and a gRPC status always means the transport failed.
+//! (`proto/raft.proto`), except log replication. The request payload is openraft's own
+//! request, and the reply payload is the receiver's whole `Result<Response, Error>`, both
+//! encoded with [`delayd_core::codec`] (a version byte, then postcard). A Raft-level error on
+//! the receiver (it stopped, its storage failed, a snapshot chunk arrived out of order)
+//! therefore travels back as a value, and a gRPC status always means the transport failed.
+//!
+//! ## Pipelined replication
+//!
+//! openraft replicates to each follower through one stream of AppendEntries requests
+//! ([`RaftNetworkV2::stream_append`]), generated as the leader's log grows. Its default sends
+//! a request, waits for the reply and only then sends the next: every entry then waits out a
+//! round trip and the follower's fsync of the one before. Here the stream is one
+//! bidirectional gRPC call (`Raft.StreamAppend`): requests go out as openraft produces them,
+//! and the follower's `Raft::stream_append` answers each in order once it is on disk, so
+//! replication is limited by the follower's disk and not by the round trip, and a message
+//! costs one HTTP/2 DATA frame instead of a call's headers, trailers and stream set-up.
+//! Ordering is the HTTP/2 stream's. A reply that does not come within the call's soft time
+//! to live while requests are outstanding ends the stream with an error; openraft then
+//! opens another. A peer of an older build answers `UNIMPLEMENTED`: the connection then
+//! falls back to unary calls for good.
 //!
 //! ## How failures reach openraft
 //!
@@ -64,6 +79,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -73,19 +89,20 @@ use delayd_proto::raft::raft_client::RaftClient;
 use delayd_proto::raft::{RaftReply, RaftRequest};
 use delayd_store::{NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use futures::StreamExt;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{Backoff, RPCOption, RaftNetworkFactory};
+use openraft::network::{stream_append_sequential, Backoff, RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use tonic::{Code, Status, Streaming};
 
 use crate::faults::{FaultFilter, Verdict};
 
@@ -237,7 +254,7 @@ impl RaftNetworkFactory<TypeConfig> for GrpcNetwork {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES)
         });
-        GrpcConnection { target, client, network: self.clone() }
+        GrpcConnection { target, client, network: self.clone(), unary_only: false }
     }
 }
 
@@ -249,6 +266,9 @@ pub struct GrpcConnection {
     client: Result<RaftClient<Channel>, String>,
     /// Signs each call and applies the fault filter.
     network: GrpcNetwork,
+    /// The peer does not serve `Raft.StreamAppend` (an older build): replicate with one
+    /// unary call per request.
+    unary_only: bool,
 }
 
 /// The unary methods of the `Raft` service.
@@ -330,6 +350,131 @@ impl GrpcConnection {
     }
 }
 
+/// What [`RaftNetworkV2::stream_append`] returns: the stream of replies, or why it could not
+/// be opened.
+type AppendStreamResult<'s> = Result<
+    BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+    RPCError<TypeConfig>,
+>;
+
+/// What the two halves of one append stream share.
+#[derive(Default)]
+struct StreamProgress {
+    /// Requests handed to the transport.
+    sent: AtomicU64,
+    /// The fault filter dropped a request: the stream ended early and must end in an error.
+    dropped: AtomicBool,
+}
+
+/// The receiving half of an append stream.
+struct Replies {
+    replies: Streaming<RaftReply>,
+    progress: Arc<StreamProgress>,
+    received: u64,
+    /// How long a reply may take while a request is outstanding.
+    patience: Duration,
+    target: NodeId,
+}
+
+impl GrpcConnection {
+    /// Opens `Raft.StreamAppend` to the peer, sending `input` as openraft produces it.
+    async fn open_append_stream<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> AppendStreamResult<'s>
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        let mut client = self.client()?;
+        let patience = option.soft_ttl();
+        let target = self.target;
+        let progress = Arc::new(StreamProgress::default());
+        // The fault filter judges each request as it is sent: a link cut mid-stream ends it.
+        let requests = futures::stream::unfold(
+            (input, self.network.clone(), progress.clone()),
+            move |(mut input, network, progress)| async move {
+                let rpc = input.next().await?;
+                if network.fault(target, Method::AppendEntries).await.is_err() {
+                    progress.dropped.store(true, Ordering::Relaxed);
+                    return None;
+                }
+                progress.sent.fetch_add(1, Ordering::Relaxed);
+                Some((RaftRequest { payload: encode(&rpc) }, (input, network, progress)))
+            },
+        );
+        // No gRPC deadline: the call lives as long as this node leads and the peer answers.
+        let mut request = tonic::Request::new(requests);
+        self.network.sign(&mut request);
+        let replies = match tokio::time::timeout(patience, client.stream_append(request)).await {
+            Ok(Ok(replies)) => replies.into_inner(),
+            Ok(Err(status)) if status.code() == Code::Unimplemented => {
+                tracing::warn!(
+                    peer = target,
+                    "the peer does not serve streamed replication (an older build): \
+                     replicating to it with one call per request"
+                );
+                self.unary_only = true;
+                return Err(status_error(status));
+            }
+            Ok(Err(status)) => return Err(status_error(status)),
+            Err(_) => {
+                let msg = format!("no append stream to node {target} within {patience:?}");
+                return Err(RPCError::Network(NetworkError::new(&io_error(&msg))));
+            }
+        };
+        let state = Some(Replies { replies, progress, received: 0, patience, target });
+        Ok(Box::pin(futures::stream::unfold(state, |state| async move {
+            let mut state = state?;
+            let item = state.next().await?;
+            // The first error ends the stream.
+            let more = item.is_ok().then_some(state);
+            Some((item, more))
+        })))
+    }
+}
+
+impl Replies {
+    /// The next reply in order; `None` once the follower ended the stream.
+    async fn next(
+        &mut self,
+    ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+        loop {
+            // Only a wait that began with a request outstanding may time out: between bursts
+            // the stream is idle for as long as the leader has nothing to send.
+            let waiting_for_reply = self.progress.sent.load(Ordering::Relaxed) > self.received;
+            let reply = match tokio::time::timeout(self.patience, self.replies.message()).await {
+                Ok(Ok(Some(reply))) => reply,
+                Ok(Ok(None)) if self.progress.dropped.load(Ordering::Relaxed) => {
+                    let msg = format!("AppendEntries to node {} dropped", self.target);
+                    return Some(Err(RPCError::Unreachable(Unreachable::new(&io_error(&msg)))));
+                }
+                Ok(Ok(None)) => return None,
+                Ok(Err(status)) => return Some(Err(status_error(status))),
+                Err(_) if waiting_for_reply => {
+                    let msg = format!(
+                        "AppendEntries to node {} got no reply within {:?}",
+                        self.target, self.patience
+                    );
+                    return Some(Err(RPCError::Network(NetworkError::new(&io_error(&msg)))));
+                }
+                Err(_) => continue,
+            };
+            self.received += 1;
+            let result: Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>> =
+                match decode(&reply.payload) {
+                    Ok(result) => result,
+                    Err(e) => return Some(Err(RPCError::Unreachable(Unreachable::new(&e)))),
+                };
+            // A follower whose Raft stopped is as good as unreachable.
+            return Some(result.map_err(|e| RPCError::Unreachable(Unreachable::new(&e))));
+        }
+    }
+}
+
 /// Maps a gRPC status of a Raft call to openraft's view of the failure (see the module docs).
 fn status_error(status: Status) -> RPCError<TypeConfig> {
     match status.code() {
@@ -356,6 +501,24 @@ impl RaftNetworkV2<TypeConfig> for GrpcConnection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.raft_call(Method::AppendEntries, encode(&rpc), &option).await
+    }
+
+    /// One `Raft.StreamAppend` call carries the whole stream (see the module docs).
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, AppendStreamResult<'s>>
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        if self.unary_only {
+            return stream_append_sequential(self, input, option);
+        }
+        Box::pin(self.open_append_stream(input, option))
     }
 
     async fn vote(
@@ -514,7 +677,12 @@ mod tests {
 
     #[test]
     fn backoff_grows_to_a_cap() {
-        let conn = GrpcConnection { target: 1, client: Err("unused".into()), network: network() };
+        let conn = GrpcConnection {
+            target: 1,
+            client: Err("unused".into()),
+            network: network(),
+            unary_only: false,
+        };
         let pauses: Vec<Duration> = conn.backoff().expect("own backoff").take(30).collect();
         assert_eq!(pauses[0], BACKOFF_FIRST);
         assert!(pauses.windows(2).all(|w| w[0] <= w[1]));

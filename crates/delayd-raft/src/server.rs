@@ -35,8 +35,10 @@ use delayd_core::codec::{decode, encode};
 use delayd_proto::raft::internal_server::{Internal, InternalServer};
 use delayd_proto::raft::raft_server::RaftServer;
 use delayd_proto::raft::{RaftReply, RaftRequest};
-use delayd_store::{Raft, Snapshot, SnapshotInbox, SnapshotMeta, Vote};
+use delayd_store::{Raft, Snapshot, SnapshotInbox, SnapshotMeta, TypeConfig, Vote};
+use futures::stream::BoxStream;
 use futures::StreamExt;
+use openraft::raft::AppendEntriesRequest;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -178,6 +180,39 @@ impl delayd_proto::raft::raft_server::Raft for RaftService {
     ) -> Result<Response<RaftReply>, Status> {
         let rpc = decode_request(request)?;
         Ok(reply(&self.raft.append_entries(rpc).await))
+    }
+
+    type StreamAppendStream = BoxStream<'static, Result<RaftReply, Status>>;
+
+    /// Hands the leader's requests to openraft as they arrive and sends its answers back in
+    /// order. A request that cannot be decoded, or a broken connection, ends the input: the
+    /// answers to what came before are still sent, and the leader resends the rest on a new
+    /// stream.
+    async fn stream_append(
+        &self,
+        request: Request<Streaming<RaftRequest>>,
+    ) -> Result<Response<Self::StreamAppendStream>, Status> {
+        let requests = request.into_inner().scan((), |_, message| {
+            let rpc = match message {
+                Ok(message) => match decode::<AppendEntriesRequest<TypeConfig>>(&message.payload) {
+                    Ok(rpc) => Some(rpc),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "undecodable AppendEntries in a stream");
+                        None
+                    }
+                },
+                Err(status) => {
+                    tracing::debug!(%status, "append stream from the leader ended");
+                    None
+                }
+            };
+            std::future::ready(rpc)
+        });
+        let replies = self
+            .raft
+            .stream_append(requests)
+            .map(|result| Ok(RaftReply { payload: encode(&result) }));
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {

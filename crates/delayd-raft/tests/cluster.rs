@@ -135,7 +135,7 @@ impl TestCluster {
         let outcomes =
             self.node(via).propose(vec![Command::Publish { queue: queue(), job }]).await?;
         match &outcomes[..] {
-            [Outcome::Ok(Reply::Published { id: got })] if *got == id => Ok(id),
+            [Outcome::Ok(Reply::Published { id: got, .. })] if *got == id => Ok(id),
             other => panic!("unexpected outcome {other:?}"),
         }
     }
@@ -383,7 +383,7 @@ async fn a_followers_concurrent_writes_share_forward_calls() -> Result {
     let mut acked = Vec::new();
     for (job, answer) in jobs.iter().zip(answers) {
         match &answer?[..] {
-            [Outcome::Ok(Reply::Published { id })] => {
+            [Outcome::Ok(Reply::Published { id, .. })] => {
                 assert_eq!(*id, job.id, "each write gets its own outcome");
                 acked.push(*id);
             }

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use delayd_core::{Due, QueueName};
-use delayd_server::service::reserve::ReserveRequest;
+use delayd_server::service::reserve::{ReserveOrder, ReserveRequest};
 use delayd_server::service::PublishParams;
 use delayd_server::{Config, Node, Principal};
 
@@ -135,6 +135,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     ttr_ms: Some(60_000),
                     wait: Duration::from_secs(5),
                     ack: None,
+                    order: ReserveOrder::QueueOrder,
                 };
                 let got = node.service().reserve(&Principal::Dev, request).await?.deliveries;
                 if got.is_empty() {

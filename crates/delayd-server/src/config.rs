@@ -65,6 +65,11 @@ pub struct Config {
     pub disque_addr: Option<SocketAddr>,
     /// The namespace Disque clients' queues live in.
     pub disque_namespace: String,
+    /// Where to serve the beanstalkd protocol; `None`: not served. The protocol has no
+    /// authentication: whoever reaches this address uses `beanstalk_namespace`.
+    pub beanstalk_addr: Option<SocketAddr>,
+    /// The namespace beanstalkd clients' tubes live in.
+    pub beanstalk_namespace: String,
     /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
     /// it to inject clock skew; never enable it in production.
     pub debug_clock: bool,
@@ -101,6 +106,8 @@ impl Default for Config {
             auth: AuthConfig::default(),
             disque_addr: None,
             disque_namespace: "disque".into(),
+            beanstalk_addr: None,
+            beanstalk_namespace: "beanstalk".into(),
             debug_clock: false,
         }
     }
@@ -155,7 +162,30 @@ impl Config {
         }
         crate::service::validate::check_name("namespace", &self.disque_namespace)
             .map_err(|e| format!("disque_namespace: {e}"))?;
+        crate::service::validate::check_name("namespace", &self.beanstalk_namespace)
+            .map_err(|e| format!("beanstalk_namespace: {e}"))?;
         self.http.validate()
+    }
+
+    /// Where this node serves each client protocol, as clients elsewhere reach it: a
+    /// listener on an unspecified address (`0.0.0.0`) is shown with the host the node
+    /// advertises to its peers.
+    pub fn services(&self) -> BTreeMap<String, String> {
+        let advertised =
+            delayd_raft::config::advertised(self.grpc_addr, self.advertise_addr.as_deref());
+        let host = advertised.rsplit_once(':').map_or(advertised.as_str(), |(h, _)| h).to_string();
+        let shown = |addr: SocketAddr| match addr.ip().is_unspecified() {
+            true => format!("{host}:{}", addr.port()),
+            false => addr.to_string(),
+        };
+        let mut services = BTreeMap::from([("http".to_string(), shown(self.http_addr))]);
+        if let Some(addr) = self.disque_addr {
+            services.insert("disque".into(), shown(addr));
+        }
+        if let Some(addr) = self.beanstalk_addr {
+            services.insert("beanstalk".into(), shown(addr));
+        }
+        services
     }
 
     /// The cluster node's part of the configuration.
@@ -165,6 +195,7 @@ impl Config {
             data_dir: self.data_dir.clone(),
             grpc_addr: self.grpc_addr,
             advertise_addr: self.advertise_addr.clone(),
+            services: self.services(),
             initial_members: self.initial_members.clone(),
             join: self.join,
             cluster_secret: self.auth.cluster_secret().map(str::to_string),

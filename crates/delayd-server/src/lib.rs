@@ -35,6 +35,7 @@
 //! another, and stops them in order. `docs/architecture.md` traces one request through all of
 //! it, with file names.
 
+mod beanstalk;
 pub mod config;
 mod disque;
 mod error;

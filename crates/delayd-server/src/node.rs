@@ -52,20 +52,8 @@ impl Node {
                 .map_err(|e| ServiceError::Internal(format!("metrics: {e}")))?,
         );
         // Bound before the cluster opens, so a port in use fails before anything started.
-        let disque = match config.disque_addr {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                    ServiceError::Internal(format!("cannot listen on {addr} (disque_addr): {e}"))
-                })?;
-                config.disque_addr = Some(
-                    listener
-                        .local_addr()
-                        .map_err(|e| ServiceError::Internal(format!("disque_addr: {e}")))?,
-                );
-                Some(listener)
-            }
-            None => None,
-        };
+        let disque = bind_protocol(&mut config.disque_addr, "disque_addr").await?;
+        let beanstalk = bind_protocol(&mut config.beanstalk_addr, "beanstalk_addr").await?;
         let parts = Parts::new(metrics.clone());
         let cluster =
             Cluster::open(config.cluster(), parts.observer(), metrics.store().clone()).await?;
@@ -82,6 +70,10 @@ impl Node {
         if let Some(listener) = disque {
             tracing::info!(addr = ?service.config().disque_addr, "serving the Disque protocol");
             tasks.push(tokio::spawn(crate::disque::serve(listener, service.clone())));
+        }
+        if let Some(listener) = beanstalk {
+            tracing::info!(addr = ?service.config().beanstalk_addr, "serving the beanstalkd protocol");
+            tasks.push(tokio::spawn(crate::beanstalk::serve(listener, service.clone())));
         }
         let tasks = Mutex::new(tasks);
         Ok(Node { inner: Arc::new(Inner { service, cluster, tasks }) })
@@ -156,4 +148,19 @@ impl Node {
             }
         }
     }
+}
+
+/// Binds a protocol listener's address, when one is configured, and records the address it
+/// got (port 0 asks the OS for one). `setting` names the address in errors.
+async fn bind_protocol(
+    addr: &mut Option<std::net::SocketAddr>,
+    setting: &str,
+) -> Result<Option<tokio::net::TcpListener>, ServiceError> {
+    let Some(want) = *addr else { return Ok(None) };
+    let listener = tokio::net::TcpListener::bind(want)
+        .await
+        .map_err(|e| ServiceError::Internal(format!("cannot listen on {want} ({setting}): {e}")))?;
+    *addr =
+        Some(listener.local_addr().map_err(|e| ServiceError::Internal(format!("{setting}: {e}")))?);
+    Ok(Some(listener))
 }

@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 
 use crate::rate::Bucket;
 use crate::service::admin::{until_leading, RaftWatch};
-use crate::service::reserve::ReserveRequest;
+use crate::service::reserve::{ReserveOrder, ReserveRequest};
 use crate::service::validate::{MAX_RESERVE_COUNT, RESERVED_ATTRIBUTE_PREFIX};
 use crate::service::{Principal, Service};
 
@@ -137,6 +137,7 @@ async fn serve_queue(
             ttr_ms: Some(ttr_ms),
             wait: POLL,
             ack: None,
+            order: ReserveOrder::QueueOrder,
         };
         match service.reserve(&Principal::Admin, request).await {
             Ok(got) => {

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use delayd_core::{JobState, QueueName};
-use delayd_server::service::reserve::ReserveRequest;
+use delayd_server::service::reserve::{ReserveOrder, ReserveRequest};
 use delayd_server::service::PublishParams;
 use delayd_server::{Config, Principal};
 
@@ -33,6 +33,7 @@ async fn a_reserve_whose_caller_is_gone_releases_what_it_leased() {
                 ttr_ms: Some(60_000),
                 wait: Duration::ZERO,
                 ack: None,
+                order: ReserveOrder::QueueOrder,
             };
             tokio::spawn(async move { s.reserve(&Principal::Dev, request).await })
         };

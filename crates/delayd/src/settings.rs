@@ -61,6 +61,13 @@ pub struct Settings {
     /// The namespace Disque clients' queues live in [default: disque].
     #[arg(long, env = "DELAYD_DISQUE_NAMESPACE")]
     pub disque_namespace: Option<String>,
+    /// Serve the beanstalkd protocol on this address, e.g. 127.0.0.1:11300 [default: off].
+    /// beanstalkd has no authentication: whoever reaches it uses beanstalk_namespace.
+    #[arg(long, env = "DELAYD_BEANSTALK_ADDR")]
+    pub beanstalk_addr: Option<SocketAddr>,
+    /// The namespace beanstalkd clients' tubes live in [default: beanstalk].
+    #[arg(long, env = "DELAYD_BEANSTALK_NAMESPACE")]
+    pub beanstalk_namespace: Option<String>,
     /// Largest job body accepted, in bytes [default: 1048576].
     #[arg(long, env = "DELAYD_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
@@ -172,6 +179,8 @@ impl Settings {
             join: Some(c.join),
             disque_addr: None,
             disque_namespace: Some(c.disque_namespace.clone()),
+            beanstalk_addr: None,
+            beanstalk_namespace: Some(c.beanstalk_namespace.clone()),
             max_body_bytes: Some(c.max_body_bytes),
             max_entry_bytes: Some(c.max_entry_bytes),
             max_horizon_s: Some(c.max_horizon.as_secs()),
@@ -204,7 +213,7 @@ impl Settings {
         layer!(a, b;
             node_id, data_dir, http_addr, http_header_timeout_ms, http_idle_timeout_ms,
             http_max_connections, grpc_addr, advertise_addr, peers, join,
-            disque_addr, disque_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
+            disque_addr, disque_namespace, beanstalk_addr, beanstalk_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
             max_in_flight, batch_linger_us,
             tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
             election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token, admin_token_file, public_metrics,
@@ -358,6 +367,11 @@ impl Settings {
             },
             disque_addr: self.disque_addr,
             disque_namespace: self.disque_namespace.clone().unwrap_or(d.disque_namespace.clone()),
+            beanstalk_addr: self.beanstalk_addr,
+            beanstalk_namespace: self
+                .beanstalk_namespace
+                .clone()
+                .unwrap_or(d.beanstalk_namespace.clone()),
             debug_clock: self.debug_clock.unwrap_or(false),
         };
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;

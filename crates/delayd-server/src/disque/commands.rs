@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::resp::Reply;
 use crate::error::ServiceError;
 use crate::service::jobs::JobUpdate;
-use crate::service::reserve::ReserveRequest;
+use crate::service::reserve::{ReserveOrder, ReserveRequest};
 use crate::service::validate::{job_id, queue_name, MAX_RESERVE_COUNT, MAX_WAIT};
 use crate::service::{Principal, PublishParams, Service};
 
@@ -95,7 +95,7 @@ pub(super) async fn run(s: &Service, conn: &mut Connection, name: &str, args: &[
             }
             Err(e) => Reply::err(e),
         },
-        "HELLO" => hello(s),
+        "HELLO" => hello(s).await,
         _ => {
             let Some(caller) = conn.principal.clone() else {
                 return Reply::Error("NOAUTH Authentication required.".into());
@@ -128,21 +128,23 @@ async fn auth(s: &Service, args: &[Vec<u8>]) -> Result<Principal, ServiceError> 
     }
 }
 
-/// This node, as Disque's HELLO lists nodes: `[version, my id, [id, host, port, priority]]`.
-fn hello(s: &Service) -> Reply {
-    let config = s.config();
-    let id = config.node_id.to_string();
-    let (host, port) = match config.disque_addr {
-        Some(a) => (a.ip().to_string(), a.port().to_string()),
-        None => (String::new(), String::new()),
-    };
-    let me = Reply::Array(Some(vec![
-        Reply::text(id.clone()),
-        Reply::text(host),
-        Reply::text(port),
-        Reply::text("1"),
-    ]));
-    Reply::Array(Some(vec![Reply::Int(1), Reply::text(id), me]))
+/// The cluster's nodes that serve Disque, as its HELLO lists them:
+/// `[version, my id, [id, host, port, priority]...]`. Every node has priority 1.
+async fn hello(s: &Service) -> Reply {
+    let me = s.config().node_id.to_string();
+    let mut items = vec![Reply::Int(1), Reply::text(me)];
+    for (id, services) in s.member_services().await {
+        let Some((host, port)) = services.get("disque").and_then(|a| a.rsplit_once(':')) else {
+            continue;
+        };
+        items.push(Reply::Array(Some(vec![
+            Reply::text(id.to_string()),
+            Reply::text(host),
+            Reply::text(port),
+            Reply::text("1"),
+        ])));
+    }
+    Reply::Array(Some(items))
 }
 
 async fn command(
@@ -270,9 +272,21 @@ async fn command(
                 c.disque_namespace
             )))
         }
-        "DEQUEUE" | "QSCAN" | "JSCAN" => {
-            Err(bad(format!("{name} is not supported by delayd (see docs/protocols.md)")))
+        "DEQUEUE" => {
+            // Out of the queue without being delivered: back when its RETRY runs out.
+            let mut n = 0;
+            for arg in args {
+                let Some(job) = locate(s, caller, &ns, arg).await? else { continue };
+                if job.state == JobState::Ready
+                    && s.reserve_job(caller, job.queue, job.id, None).await?.is_some()
+                {
+                    n += 1;
+                }
+            }
+            Ok(Reply::Int(n))
         }
+        "QSCAN" => qscan(s, caller, &ns, args).await,
+        "JSCAN" => jscan(s, caller, &ns, args).await,
         other => Ok(Reply::err(format!("unknown command '{}'", other.to_ascii_lowercase()))),
     }
 }
@@ -371,8 +385,14 @@ async fn getjob(
             (false, None) => MAX_WAIT,
             (false, Some(d)) => d.saturating_duration_since(Instant::now()).min(MAX_WAIT),
         };
-        let request =
-            ReserveRequest { queues: queues.clone(), count, ttr_ms: None, wait, ack: None };
+        let request = ReserveRequest {
+            queues: queues.clone(),
+            count,
+            ttr_ms: None,
+            wait,
+            ack: None,
+            order: ReserveOrder::QueueOrder,
+        };
         let got = s.reserve(caller, request).await?.deliveries;
         if !got.is_empty() {
             let jobs = got.iter().map(|d| job_reply(&d.job, counters)).collect();
@@ -382,6 +402,132 @@ async fn getjob(
             return Ok(Reply::Array(None));
         }
     }
+}
+
+/// `QSCAN [cursor] [COUNT n] [BUSYLOOP] [MINLEN len] [MAXLEN len] [IMPORTRATE rate]`: the
+/// namespace's queues whose ready count is within the bounds, all in one reply (cursor 0:
+/// done). `COUNT`, `BUSYLOOP` and `IMPORTRATE` change nothing.
+async fn qscan(
+    s: &Service,
+    caller: &Principal,
+    ns: &str,
+    args: &[Vec<u8>],
+) -> Result<Reply, ServiceError> {
+    let (mut min, mut max) = (0, u64::MAX);
+    let mut args = args.iter().peekable();
+    if args.peek().is_some_and(|a| a.iter().all(u8::is_ascii_digit)) {
+        args.next(); // the cursor: every reply is the whole scan
+    }
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| match args.next() {
+            Some(v) => num(v, what),
+            None => Err(bad(format!("{what} needs a value"))),
+        };
+        match text(a)?.to_ascii_uppercase().as_str() {
+            "COUNT" => drop(value("COUNT")?),
+            "IMPORTRATE" => drop(value("IMPORTRATE")?),
+            "BUSYLOOP" => {}
+            "MINLEN" => min = value("MINLEN")?,
+            "MAXLEN" => max = value("MAXLEN")?,
+            other => return Err(bad(format!("invalid QSCAN option {other:?}"))),
+        }
+    }
+    let names = s
+        .namespace_queues(caller, ns, false)
+        .await?
+        .into_iter()
+        .filter(|(_, meta)| (min..=max).contains(&meta.count(JobState::Ready)))
+        .map(|(q, _)| Reply::text(q.queue))
+        .collect();
+    Ok(Reply::Array(Some(vec![Reply::text("0"), Reply::Array(Some(names))])))
+}
+
+/// `JSCAN [cursor] [COUNT n] [BUSYLOOP] [QUEUE q] [STATE s]... [REPLY all|id]`: a page of
+/// the namespace's jobs (of one queue with `QUEUE`) in queue, then publish, order, and the
+/// cursor of the next page (`0` after the last). A cursor names the last job a page showed.
+async fn jscan(
+    s: &Service,
+    caller: &Principal,
+    ns: &str,
+    args: &[Vec<u8>],
+) -> Result<Reply, ServiceError> {
+    const DEFAULT_COUNT: u64 = 100;
+    let (mut count, mut only, mut states, mut full) = (DEFAULT_COUNT, None, Vec::new(), false);
+    let mut cursor = None;
+    let mut args = args.iter().peekable();
+    if let Some(first) =
+        args.next_if(|a| !a.is_empty() && a.iter().all(u8::is_ascii_digit) || a.starts_with(b"D-"))
+    {
+        if first.as_slice() != b"0" {
+            cursor = match parse_id(ns, first)? {
+                IdRef::Queued(queue, id) => Some((queue, id)),
+                IdRef::Bare(_) => return Err(bad("invalid JSCAN cursor")),
+            };
+        }
+    }
+    while let Some(a) = args.next() {
+        let mut value = || {
+            args.next().ok_or_else(|| bad(format!("{} needs a value", String::from_utf8_lossy(a))))
+        };
+        match text(a)?.to_ascii_uppercase().as_str() {
+            "COUNT" => count = num(value()?, "COUNT")?,
+            "BUSYLOOP" => {}
+            "QUEUE" => only = Some(queue_name(ns, text(value()?)?)?),
+            "STATE" => {
+                let state = text(value()?)?.to_ascii_lowercase();
+                match state.as_str() {
+                    "queued" => states.extend([JobState::Ready, JobState::Delayed]),
+                    "active" => states.push(JobState::Reserved),
+                    "acked" => states.push(JobState::Dead),
+                    // delayd never holds a job waiting for replication.
+                    "wait-repl" => {}
+                    other => return Err(bad(format!("invalid JSCAN state {other:?}"))),
+                }
+            }
+            "REPLY" => match text(value()?)?.to_ascii_lowercase().as_str() {
+                "all" => full = true,
+                "id" => full = false,
+                other => return Err(bad(format!("invalid JSCAN reply type {other:?}"))),
+            },
+            other => return Err(bad(format!("invalid JSCAN option {other:?}"))),
+        }
+    }
+    let count = usize::try_from(count.clamp(1, 1000)).unwrap_or(1000);
+    let queues = match only {
+        Some(queue) => vec![queue],
+        None => s.namespace_queues(caller, ns, false).await?.into_iter().map(|(q, _)| q).collect(),
+    };
+    // A page looks at a bounded number of jobs, however few pass the STATE filter.
+    let budget = count.saturating_mul(10);
+    let (mut jobs, mut examined, mut last, mut more) = (Vec::new(), 0, None, false);
+    let start = cursor.as_ref().and_then(|(q, _)| queues.iter().position(|x| x == q)).unwrap_or(0);
+    'queues: for queue in &queues[start..] {
+        let mut after = cursor.as_ref().filter(|(q, _)| q == queue).map(|(_, id)| *id);
+        loop {
+            if jobs.len() >= count || examined >= budget {
+                more = true;
+                break 'queues;
+            }
+            let page = s.jobs_in_queue(caller, queue, after, count - jobs.len()).await?;
+            let Some(tail) = page.last() else { break };
+            after = Some(tail.id);
+            last = Some((queue.clone(), tail.id));
+            examined += page.len();
+            jobs.extend(
+                page.into_iter().filter(|j| states.is_empty() || states.contains(&j.state)),
+            );
+        }
+    }
+    let next = match (&last, more) {
+        (Some((queue, id)), true) => disque_id(queue, *id),
+        _ => "0".into(),
+    };
+    let now = s.now_ms();
+    let items = jobs
+        .iter()
+        .map(|j| if full { show(j, now) } else { Reply::text(disque_id(&j.queue, j.id)) })
+        .collect();
+    Ok(Reply::Array(Some(vec![Reply::text(next), Reply::Array(Some(items))])))
 }
 
 /// A job as GETJOB and QPEEK answer it: `[queue, id, body]`, and its counters on request.

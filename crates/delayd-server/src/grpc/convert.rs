@@ -61,6 +61,7 @@ pub(super) fn job(job: Job, now: u64) -> pb::Job {
         tries: job.tries.into(),
         attempt: job.attempts.into(),
         ttr_ms: job.ttr_ms,
+        number: (job.number != 0).then_some(job.number),
     }
 }
 

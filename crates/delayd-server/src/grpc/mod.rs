@@ -62,7 +62,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::config::Config;
 use crate::error::ServiceError;
 use crate::service::auth::header_credential;
-use crate::service::reserve::ReserveRequest;
+use crate::service::reserve::{ReserveOrder, ReserveRequest};
 use crate::service::validate::{job_id, queue_name, queue_names, ttr};
 use crate::service::{Principal, Service, WeakService};
 use status::{answer, fail, item_error};
@@ -261,6 +261,7 @@ impl Delayd for Api {
                 ttr_ms: ttr(None, r.ttr_ms)?,
                 wait: Duration::from_millis(r.wait_ms),
                 ack: None,
+                order: ReserveOrder::QueueOrder,
             };
             let got = tokio::select! {
                 got = s.reserve(&caller, request) => got?,

@@ -11,7 +11,7 @@ use tonic::{Status, Streaming};
 use super::convert;
 use super::status::{fail, item_error, status};
 use crate::error::ServiceError;
-use crate::service::reserve::ReserveRequest;
+use crate::service::reserve::{ReserveOrder, ReserveRequest};
 use crate::service::validate::{queue_name, MAX_RESERVE_COUNT};
 use crate::service::{Principal, Service};
 
@@ -170,8 +170,14 @@ pub(super) async fn push_deliveries(
             return;
         }
         let count = credit.min(MAX_RESERVE_COUNT.into()) as u32;
-        let request =
-            ReserveRequest { queues: queues.clone(), count, ttr_ms, wait: STREAM_POLL, ack: None };
+        let request = ReserveRequest {
+            queues: queues.clone(),
+            count,
+            ttr_ms,
+            wait: STREAM_POLL,
+            ack: None,
+            order: ReserveOrder::QueueOrder,
+        };
         let reserve = service.reserve(&caller, request);
         let got = tokio::select! {
             r = reserve => r,

@@ -17,7 +17,7 @@ use super::extract::{body, split_json_array, Caller, JobRef, Params, Path, Queue
 use super::render;
 use crate::error::ServiceError;
 use crate::service::jobs::JobUpdate;
-use crate::service::reserve::ReserveRequest;
+use crate::service::reserve::{ReserveOrder, ReserveRequest};
 use crate::service::validate::queue_names;
 use crate::service::Service;
 
@@ -78,6 +78,7 @@ pub(crate) async fn reserve(
     let count = p.num::<u32>("count")?.unwrap_or(1);
     let request = ReserveRequest {
         ack: p.ack_first(&ns, &queues)?,
+        order: ReserveOrder::QueueOrder,
         queues,
         count,
         ttr_ms: p.ttr()?,

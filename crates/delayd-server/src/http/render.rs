@@ -21,6 +21,7 @@ pub(crate) fn job(job: &Job, now: u64) -> Value {
         "namespace": job.queue.namespace,
         "queue": job.queue.queue,
         "job_id": job.id.to_string(),
+        "number": (job.number != 0).then_some(job.number),
         "data": b64(&job.body),
         "ttl": ttl_s,
         "elapsed_ms": now.saturating_sub(job.created_ms),

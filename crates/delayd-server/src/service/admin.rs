@@ -5,7 +5,7 @@
 //! Any node answers; membership changes are carried out by the leader (forwarded there) and
 //! go through openraft's joint consensus.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
 use delayd_core::{Cf, KvRead};
@@ -131,6 +131,27 @@ impl Service {
                 return;
             }
         }
+    }
+
+    /// Where each member of the cluster serves the client protocols (`http`, `disque`,
+    /// `beanstalk`), by node id: this node's from its configuration, the others' by asking
+    /// them. A member that does not answer within half a second is left out. Open to every
+    /// caller: Disque clients ask before they authenticate (`HELLO`).
+    pub async fn member_services(&self) -> Vec<(u64, BTreeMap<String, String>)> {
+        let cluster = self.cluster();
+        let m = cluster.metrics();
+        let nodes: Vec<(u64, String)> =
+            m.membership_config.membership().nodes().map(|(id, n)| (*id, n.addr.clone())).collect();
+        let me = self.config().node_id;
+        let asked = join_all(nodes.iter().map(|(id, addr)| async move {
+            if *id == me {
+                Some((*id, self.config().services()))
+            } else {
+                cluster.peer_status(*id, addr).await.ok().map(|s| (*id, s.services))
+            }
+        }))
+        .await;
+        asked.into_iter().flatten().collect()
     }
 
     /// Every member's view, asked of each in parallel.

@@ -68,6 +68,12 @@ pub enum Principal {
         /// What it opens and how fast.
         record: TokenRecord,
     },
+    /// A client of a listener whose protocol has no authentication (beanstalkd's): it opens
+    /// the data plane of the one namespace the operator gave that listener, without limits.
+    Listener {
+        /// The namespace the listener serves.
+        namespace: String,
+    },
 }
 
 impl std::fmt::Debug for Principal {
@@ -77,6 +83,7 @@ impl std::fmt::Debug for Principal {
             Principal::Dev => f.write_str("Dev"),
             Principal::Admin => f.write_str("Admin"),
             Principal::Namespace { record, .. } => write!(f, "Namespace({:?})", record.namespace),
+            Principal::Listener { namespace } => write!(f, "Listener({namespace:?})"),
         }
     }
 }
@@ -245,8 +252,18 @@ impl Service {
             (Principal::Namespace { .. }, Scope::Metrics) if self.config().auth.metrics_open() => {
                 Ok(())
             }
-            (Principal::Namespace { .. }, Scope::Admin | Scope::Metrics) => {
-                Err(ServiceError::Forbidden("this needs the admin token".into()))
+            (
+                Principal::Namespace { .. } | Principal::Listener { .. },
+                Scope::Admin | Scope::Metrics,
+            ) => Err(ServiceError::Forbidden("this needs the admin token".into())),
+            (Principal::Listener { namespace: mine }, Scope::Namespace(namespace, _)) => {
+                if mine == namespace {
+                    Ok(())
+                } else {
+                    Err(ServiceError::Forbidden(format!(
+                        "this listener serves namespace {mine:?}, not {namespace:?}"
+                    )))
+                }
             }
             (Principal::Namespace { record, .. }, Scope::Namespace(namespace, _))
                 if record.namespace != namespace =>

@@ -20,6 +20,11 @@ pub struct JobUpdate {
     pub priority: Option<u32>,
 }
 
+/// The most jobs [`Service::count_ready_below`] counts: a count reads one index key per job.
+pub const MAX_COUNTED: u64 = 100_000;
+/// The most jobs [`Service::jobs_in_queue`] lists at once.
+pub const MAX_LISTED: usize = 1000;
+
 impl Service {
     async fn job_reply(&self, command: Command) -> Result<Job, ServiceError> {
         match self.write_one(command).await? {
@@ -164,6 +169,71 @@ impl Service {
             return Ok(Some(job));
         }
         Ok(mine(self.read(false, |v| query::job_anywhere(v, id)).await?))
+    }
+
+    /// One job by number ([`Job::number`]) in any queue of `namespace` (beanstalkd's ids),
+    /// found like [`Service::job_in_namespace`]: this replica first, then once more after
+    /// catching up with the leader.
+    pub async fn job_by_number(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        number: u64,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.authorize(caller, Scope::Namespace(namespace, Access::Read))?;
+        let mine = |job: Option<Job>| job.filter(|j| j.queue.namespace == namespace);
+        if let Some(job) = mine(self.read(true, |v| query::job_by_number(v, number)).await?) {
+            return Ok(Some(job));
+        }
+        Ok(mine(self.read(false, |v| query::job_by_number(v, number)).await?))
+    }
+
+    /// Makes a dead or delayed job ready now (beanstalkd's `kick-job`).
+    pub async fn kick_job(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        id: JobId,
+    ) -> Result<Job, ServiceError> {
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
+        self.job_reply(Command::KickJob { queue, id }).await
+    }
+
+    /// Up to `limit` (at most [`MAX_LISTED`]) jobs of `queue` in any state, in publish
+    /// order, after the job `after` when given: a cursor over the queue (Disque's `JSCAN`).
+    pub async fn jobs_in_queue(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> Result<Vec<Job>, ServiceError> {
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
+        let limit = limit.min(MAX_LISTED);
+        self.read(false, |v| query::members(v, queue, after, limit)).await
+    }
+
+    /// The delayed job that comes due first.
+    pub async fn peek_delayed(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        stale: bool,
+    ) -> Result<Option<Job>, ServiceError> {
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
+        self.read(stale, |v| query::peek_delayed(v, queue)).await
+    }
+
+    /// How many ready jobs of `queue` have a priority below `priority` (beanstalkd's
+    /// urgent jobs), counting at most [`MAX_COUNTED`].
+    pub async fn count_ready_below(
+        &self,
+        caller: &Principal,
+        queue: &QueueName,
+        priority: u32,
+    ) -> Result<u64, ServiceError> {
+        self.authorize(caller, Scope::queue(queue, Access::Read))?;
+        self.read(true, |v| query::ready_below(v, queue, priority, MAX_COUNTED)).await
     }
 
     /// The next ready job.

@@ -15,12 +15,16 @@ pub struct Published {
     pub id: JobId,
     /// True when the key already named a job and nothing was created.
     pub existed: bool,
+    /// The new job's number ([`delayd_core::Job::number`]); `None` when it `existed`.
+    pub number: Option<u64>,
 }
 
 fn published(r: Reply) -> Result<Published, ServiceError> {
     match r {
-        Reply::Published { id } => Ok(Published { id, existed: false }),
-        Reply::Exists { id } => Ok(Published { id, existed: true }),
+        Reply::Published { id, number } => {
+            Ok(Published { id, existed: false, number: Some(number) })
+        }
+        Reply::Exists { id } => Ok(Published { id, existed: true, number: None }),
         r => Err(unexpected(r)),
     }
 }
@@ -86,7 +90,9 @@ impl Service {
         let mut all = Vec::new();
         for outcome in self.write(commands).await? {
             match outcome? {
-                Reply::Published { id } => all.push(Published { id, existed: false }),
+                Reply::Published { id, number } => {
+                    all.push(Published { id, existed: false, number: Some(number) })
+                }
                 r => return Err(unexpected(r)),
             }
         }

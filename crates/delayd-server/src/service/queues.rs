@@ -123,6 +123,20 @@ impl Service {
         Ok(QueueList { queues, truncated })
     }
 
+    /// The queues of `namespace` with their counts, sorted by name, at most
+    /// [`QUEUES_LIMIT`]'s maximum: the namespace's own listing (beanstalkd's `list-tubes`),
+    /// open to its tokens, where [`Service::queues`] is the admin's view of them all.
+    pub async fn namespace_queues(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        stale: bool,
+    ) -> Result<Vec<(QueueName, QueueMeta)>, ServiceError> {
+        self.authorize(caller, Scope::Namespace(namespace, Access::Read))?;
+        let limit = QUEUES_LIMIT.max as usize;
+        self.read(stale, |v| query::queues(v, Some(namespace), limit)).await
+    }
+
     /// Pauses or resumes a queue.
     pub async fn set_paused(
         &self,
@@ -182,6 +196,20 @@ impl Service {
         }
         let ttl_ms = validate::ttl(ttl_ms);
         self.chunked(limit, |limit| Command::Respawn { queue: queue.clone(), limit, ttl_ms }).await
+    }
+
+    /// Makes up to `limit` dead jobs ready again, keeping their tries and ttl, or, when the
+    /// queue has none, up to `limit` delayed jobs (beanstalkd's `kick`). Returns how many.
+    pub async fn kick(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        limit: u64,
+    ) -> Result<u64, ServiceError> {
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
+        // Each command goes on with the kind it started with while it reports more, so a
+        // kick of buried jobs does not go on to delayed ones.
+        self.chunked(limit, |limit| Command::Kick { queue: queue.clone(), limit }).await
     }
 
     /// Deletes up to `limit` (default 1) dead jobs. Returns how many went.

@@ -31,6 +31,19 @@ pub struct ReserveRequest {
     pub wait: Duration,
     /// The consumer's previous job, acked in the same log entry as the first attempt.
     pub ack: Option<AckFirst>,
+    /// Which ready jobs go first.
+    pub order: ReserveOrder,
+}
+
+/// Which ready jobs a reserve over several queues takes first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReserveOrder {
+    /// The first queue's, then the next queue's (lmstfy's and Disque's multi-queue reserve).
+    #[default]
+    QueueOrder,
+    /// The most urgent across the queues: lowest priority value, then longest in line
+    /// (beanstalkd's reserve over the tubes it watches).
+    MostUrgent,
 }
 
 /// The job a consumer acks on its next reserve.
@@ -66,7 +79,7 @@ impl Service {
         caller: &Principal,
         request: ReserveRequest,
     ) -> Result<Reserved, ServiceError> {
-        let ReserveRequest { queues, count, ttr_ms, wait, ack } = request;
+        let ReserveRequest { queues, count, ttr_ms, wait, ack, order } = request;
         self.subscribe(caller, &queues, ttr_ms)?;
         if ack.as_ref().is_some_and(|a| a.queue.namespace != queues[0].namespace) {
             return Err(ServiceError::bad_request("a reserve's queues are of one namespace"));
@@ -104,11 +117,14 @@ impl Service {
                 ask_leader || self.read(true, |v| query::anything_ready(v, &queues)).await?;
             ask_leader = false;
             if attempt {
-                let reserve = Command::Reserve {
-                    queues: queues.clone(),
-                    count,
-                    ttr_ms,
-                    lease_seed: rand::random(),
+                let (queues, lease_seed) = (queues.clone(), rand::random());
+                let reserve = match order {
+                    ReserveOrder::QueueOrder => {
+                        Command::Reserve { queues, count, ttr_ms, lease_seed }
+                    }
+                    ReserveOrder::MostUrgent => {
+                        Command::ReserveUrgent { queues, count, ttr_ms, lease_seed }
+                    }
                 };
                 let commands = match ack.take() {
                     Some(a) => vec![a, reserve],
@@ -126,6 +142,24 @@ impl Service {
                 _ = select_all(woken) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
+        }
+    }
+
+    /// Reserves one job by id, out of line, if it is ready, delayed or dead (beanstalkd's
+    /// `reserve-job`): `Ok(None)` when it does not exist or is reserved already.
+    pub async fn reserve_job(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        id: JobId,
+        ttr_ms: Option<u64>,
+    ) -> Result<Option<Delivery>, ServiceError> {
+        self.subscribe(caller, std::slice::from_ref(&queue), ttr_ms)?;
+        let command = Command::ReserveJob { queue, id, ttr_ms, lease_seed: rand::random() };
+        match self.reserve_once(vec![command]).await {
+            Ok(got) => Ok(got.deliveries.into_iter().next()),
+            Err(ServiceError::NotFound(_) | ServiceError::Conflict(_)) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 

@@ -1,0 +1,185 @@
+//! # The beanstalkd protocol: beanstalkd's text commands on the same service
+//!
+//! beanstalkd clients connect to `beanstalk_addr` and work on the tubes of one namespace,
+//! `beanstalk_namespace`: a tube is a queue. Each command is one or a few [`Service`] calls
+//! (`commands.rs`), so validation, limits and the state machine are the HTTP API's, and every
+//! node serves it (followers forward writes). beanstalkd has no authentication: a client of
+//! this listener acts as [`Principal::Listener`] of that namespace, so the listener must only
+//! be reachable by those who may use the namespace.
+//!
+//! How beanstalkd's model maps onto delayd's:
+//!
+//! - a job's id is its number ([`delayd_core::Job::number`]), given by the state machine;
+//! - a job never expires and has as many tries as a job may have (65,535), since beanstalkd
+//!   requeues a job whose ttr ran out for ever; a ttr of 0 is 1 s, as in beanstalkd;
+//! - `reserve` takes the most urgent ready job across the watched tubes (priority, then time
+//!   in line), and answers `DEADLINE_SOON` when a job the connection holds is within a
+//!   second of its ttr;
+//! - buried is delayd's dead letter; `kick` makes buried jobs ready (or delayed ones, when
+//!   the tube has no buried job) keeping their tries;
+//! - jobs still reserved when their connection closes are released at once;
+//! - what is per server in beanstalkd (connection counts, `stats`) is per node here.
+//!
+//! `docs/protocols.md` lists the differences.
+
+mod commands;
+mod wire;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use crate::service::Service;
+use commands::Connection;
+use wire::{read_body, read_line, ReadError, Request};
+
+/// Serves beanstalkd clients on `listener` until the node's Raft stops, within the HTTP
+/// API's connection limits: at most `http_max_connections` at once (more wait in the accept
+/// backlog), and a connection idle for `http_idle_timeout_ms` between commands is closed (a
+/// `reserve` that is waiting is not idle).
+pub(crate) async fn serve(listener: TcpListener, service: Service) {
+    let slots = Arc::new(Semaphore::new(service.config().http.max_connections));
+    let tubes = Tubes::default();
+    let stopped = service.stopped();
+    tokio::pin!(stopped);
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            () = &mut stopped => return,
+        };
+        let Ok(slot) = slot else { return };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stopped => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let service = service.clone();
+                let tubes = tubes.clone();
+                tokio::spawn(async move {
+                    connection(service, tubes, stream, peer).await;
+                    drop(slot);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "beanstalkd listener cannot accept");
+                // Out of file descriptors, typically: pause instead of spinning.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// One client's connection: its commands in order, each answered before the next is read.
+async fn connection(service: Service, tubes: Tubes, stream: TcpStream, peer: SocketAddr) {
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let mut conn = Connection::new(&service, tubes);
+    let idle = service.config().http.idle_timeout;
+    let max_body = service.config().max_body_bytes;
+    loop {
+        let Ok(line) = tokio::time::timeout(idle, read_line(&mut read)).await else {
+            break; // idle too long
+        };
+        let line = match line {
+            Ok(Some(line)) => line,
+            Ok(None) | Err(ReadError::Io) => break,
+            Err(ReadError::TooLong) => {
+                let _ = write.write_all(b"BAD_FORMAT\r\n").await;
+                tracing::debug!(%peer, "beanstalkd client sent an overlong line");
+                break;
+            }
+        };
+        let started = Instant::now();
+        let request = match wire::parse(&line) {
+            Ok(request) => request,
+            Err(e) => {
+                service.metrics().protocol_request(
+                    "beanstalk",
+                    "unknown",
+                    "error",
+                    started.elapsed(),
+                );
+                if write.write_all(e.reply()).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        let body = match request {
+            Request::Put { bytes, .. } => match read_body(&mut read, bytes, max_body).await {
+                Ok(body) => Some(body),
+                Err(_) => break,
+            },
+            _ => None,
+        };
+        let name = request.name();
+        // A client that goes away mid-command (a reserve it gave up on) ends the command: a
+        // reserve dropped before its answer puts back what it took.
+        let reply = tokio::select! {
+            reply = conn.run(request, body) => reply,
+            () = closed(&mut read) => break,
+        };
+        let outcome = if commands::is_error(&reply) { "error" } else { "ok" };
+        service.metrics().protocol_request("beanstalk", name, outcome, started.elapsed());
+        if write.write_all(&reply).await.is_err() || conn.quit {
+            break;
+        }
+    }
+    conn.close().await;
+}
+
+/// Completes when the client has closed its side (or the connection failed); never while it
+/// is merely quiet or has sent its next command already.
+async fn closed<R: AsyncBufRead + Unpin>(read: &mut R) {
+    match read.fill_buf().await {
+        Ok([]) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
+    }
+}
+
+/// What this node's connections do with each tube: beanstalkd's per-tube connection counts
+/// (`current-using`, `-watching`, `-waiting`). Per node: a cluster has no server-wide view
+/// of connections.
+#[derive(Clone, Default)]
+pub(crate) struct Tubes {
+    counts: Arc<Mutex<HashMap<String, TubeCount>>>,
+}
+
+/// Connections of this node using, watching and waiting on one tube.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TubeCount {
+    pub(crate) using: u64,
+    pub(crate) watching: u64,
+    pub(crate) waiting: u64,
+}
+
+impl Tubes {
+    /// Applies `change` to `tube`'s counts, forgetting a tube nobody uses any more.
+    fn update(&self, tube: &str, change: impl FnOnce(&mut TubeCount)) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry(tube.to_string()).or_default();
+        change(count);
+        if *count == TubeCount::default() {
+            counts.remove(tube);
+        }
+    }
+
+    /// `tube`'s counts.
+    fn get(&self, tube: &str) -> TubeCount {
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.get(tube).copied().unwrap_or_default()
+    }
+
+    /// The tubes some connection of this node uses or watches.
+    fn names(&self) -> Vec<String> {
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.keys().cloned().collect()
+    }
+}
