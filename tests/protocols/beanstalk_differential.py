@@ -34,7 +34,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-STATS_JOB_KEYS = ("id", "tube", "state", "pri", "delay", "ttr", "reserves", "timeouts", "releases", "buries", "kicks")
+# delayd derives `delay` from the job's due time, so a kicked job shows 0 where beanstalkd
+# keeps its last put/release delay: a documented difference (docs/protocols.md), left out.
+STATS_JOB_KEYS = ("id", "tube", "state", "pri", "ttr", "reserves", "timeouts", "releases", "buries", "kicks")
 STATS_TUBE_KEYS = (
     "name",
     "current-jobs-urgent",

@@ -11,7 +11,7 @@ use crate::kv::KvError;
 /// The encoding version this build writes.
 ///
 /// - 1: the first layout.
-/// - 2: a [`Job`](crate::Job) record ends with its number. Every other value is laid out as
+/// - 2: a [`Job`](crate::Job) record ends with its counters and number. Every other value is laid out as
 ///   in version 1, so both versions decode (jobs through [`decode_job`]); a build that only
 ///   knows version 1 refuses version 2 values instead of misreading them.
 pub const VERSION: u8 = 2;
@@ -36,14 +36,16 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, KvError> {
     }
 }
 
-/// Decodes a stored job record of any version. A version 1 record predates job numbers:
-/// it decodes with number 0, which the state machine replaces with a number the next time
-/// the job changes.
+/// Decodes a stored job record of any version. A version 1 record predates job numbers and
+/// counters: it decodes with zero counters and number 0, which the state machine replaces
+/// with a number the next time the job changes.
 pub fn decode_job(bytes: &[u8]) -> Result<crate::Job, KvError> {
+    // What version 2 appended: four counters and the number, postcard varints, each one
+    // 0 byte when zero. Appended to a version 1 record, they make the version 2 record of
+    // the same job.
+    const ZEROS_ADDED_BY_VERSION_2: [u8; 5] = [0; 5];
     match bytes.split_first() {
-        // The number is the record's last field, a postcard varint: appending a 0 byte
-        // turns a version 1 record into the version 2 record of the same job with number 0.
-        Some((1, rest)) => from_postcard(&[rest, &[0]].concat()),
+        Some((1, rest)) => from_postcard(&[rest, &ZEROS_ADDED_BY_VERSION_2].concat()),
         _ => decode(bytes),
     }
 }

@@ -310,8 +310,8 @@ pub enum Command {
         lease_seed: u64,
     },
     /// Make up to `limit` dead jobs ready again, oldest first, keeping their tries and ttl;
-    /// when the queue has no dead job, up to `limit` delayed jobs instead, oldest first
-    /// (beanstalkd's `kick`). At most [`crate::limits::MAX_JOBS_PER_COMMAND`] per command.
+    /// when the queue has no dead job, up to `limit` delayed jobs instead, the soonest due
+    /// first (beanstalkd's `kick`). At most [`crate::limits::MAX_JOBS_PER_COMMAND`] per command.
     Kick {
         /// The queue.
         queue: QueueName,
@@ -324,6 +324,29 @@ pub enum Command {
         queue: QueueName,
         /// The job.
         id: JobId,
+    },
+    /// Put a reserved job back in line at once because its holder is gone (its connection
+    /// closed, or the answer that carried it never reached the consumer): a release that
+    /// is not counted as the consumer's.
+    Return {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// The reservation given back; only its holder's is.
+        lease: u64,
+    },
+    /// Move a reserved job to the dead letter with a new priority (beanstalkd's
+    /// `bury <id> <pri>`).
+    BuryWithPriority {
+        /// The queue.
+        queue: QueueName,
+        /// The job.
+        id: JobId,
+        /// Required current lease, if given.
+        lease: Option<u64>,
+        /// Its priority from now on.
+        priority: u32,
     },
 }
 
@@ -376,7 +399,9 @@ impl Command {
                 | Command::Destroy { queue: q, .. }
                 | Command::ReserveJob { queue: q, .. }
                 | Command::Kick { queue: q, .. }
-                | Command::KickJob { queue: q, .. } => queue(q),
+                | Command::KickJob { queue: q, .. }
+                | Command::BuryWithPriority { queue: q, .. }
+                | Command::Return { queue: q, .. } => queue(q),
                 Command::CreateToken { token, namespace, description, .. } => {
                     token.len() + namespace.len() + description.len()
                 }

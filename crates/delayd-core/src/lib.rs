@@ -30,6 +30,6 @@ pub use command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Rep
 pub use kv::{Cf, KvError, KvRead, MemKv, Overlay, Write};
 pub use machine::{apply, Effects, JobEvents};
 pub use model::{
-    CatchUp, Job, JobId, JobState, JobTemplate, Lease, QueueMeta, QueueName, Schedule, Timetable,
-    TokenRecord, Webhook,
+    CatchUp, Job, JobCounters, JobId, JobState, JobTemplate, Lease, QueueMeta, QueueName, Schedule,
+    Timetable, TokenRecord, Webhook,
 };

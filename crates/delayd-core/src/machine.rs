@@ -207,7 +207,10 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             }
             Command::Ack { queue, id, lease } => self.ack(queue, *id, *lease),
             Command::Release { queue, id, lease, delay_ms, priority } => {
-                self.release(queue, *id, *lease, *delay_ms, *priority)
+                self.release(queue, *id, *lease, *delay_ms, *priority, true)
+            }
+            Command::Return { queue, id, lease } => {
+                self.release(queue, *id, Some(*lease), 0, None, false)
             }
             Command::Touch { queue, id, lease, ttr_ms } => self.touch(queue, *id, *lease, *ttr_ms),
             Command::Fail { queue, id, lease, error, delay_ms } => {
@@ -268,13 +271,9 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 }
                 Ok(Ok(Reply::Removed(existed)))
             }
-            Command::Bury { queue, id, lease } => {
-                let mut job = match self.leased(queue, *id, *lease)? {
-                    Ok(job) => job,
-                    Err(r) => return Ok(Err(r)),
-                };
-                self.bury_job(&mut job)?;
-                Ok(Ok(Reply::Job(Box::new(job))))
+            Command::Bury { queue, id, lease } => self.bury(queue, *id, *lease, None),
+            Command::BuryWithPriority { queue, id, lease, priority } => {
+                self.bury(queue, *id, *lease, Some(*priority))
             }
             Command::Update { queue, target, due, body, priority } => {
                 self.update(queue, target, *due, body.as_deref(), *priority)
@@ -400,6 +399,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             ttr_ms: new.ttr_ms,
             lease: None,
             seq: 0,
+            counters: Default::default(),
             number: 0, // numbered when stored
         };
         if let Some(key) = &new.key {
@@ -534,39 +534,21 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         Ok(Reply::Count { count, more })
     }
 
-    /// The first `limit` (at most [`MAX_JOBS_PER_COMMAND`]) delayed jobs of `queue` in
-    /// publish order, and whether more may be left. The queue's members are all looked at,
-    /// so the byte budget bounds the search as well.
+    /// The first `limit` (at most [`MAX_JOBS_PER_COMMAND`]) delayed jobs of `queue` in the
+    /// order they come due, and whether more may be left.
     fn delayed_ids(&self, queue: &QueueName, limit: u32) -> Result<(Vec<JobId>, bool), KvError> {
         let want = limit.min(MAX_JOBS_PER_COMMAND) as usize;
-        let prefix = keys::queue(queue);
-        let mut ids = Vec::new();
-        let mut failed = Ok(());
-        let mut more = false;
-        self.kv.scan(Cf::Members, &prefix, &keys::prefix_end(&prefix), &mut |k, _| {
-            let Some(id) = keys::trailing_id(k) else { return true };
-            if ids.len() == want || self.work_spent() {
-                more = true;
-                return false;
-            }
-            match self.load(id) {
-                Ok(Some(job)) if job.state == JobState::Delayed => ids.push(id),
-                Ok(_) => {}
-                Err(e) => {
-                    failed = Err(e);
-                    return false;
-                }
-            }
-            true
-        })?;
-        failed?;
-        Ok((ids, more))
+        let mut jobs = crate::query::delayed(self.kv, queue, want.saturating_add(1))?;
+        let more = jobs.len() > want;
+        jobs.truncate(want);
+        Ok((jobs.into_iter().map(|j| j.id).collect(), more))
     }
 
     /// Makes a dead or delayed job ready now, keeping its tries (and its ttl, which applies
     /// again to a job leaving the dead letter).
     fn kick_job(&mut self, job: &mut Job) -> Result<(), KvError> {
         self.unindex(job)?;
+        job.counters.kicks = job.counters.kicks.saturating_add(1);
         if job.state == JobState::Dead {
             self.set_expiry(job, true)?;
         }
@@ -604,6 +586,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         lease: Option<u64>,
         delay_ms: u64,
         priority: Option<u32>,
+        counted: bool,
     ) -> Result<Outcome, KvError> {
         let mut job = match self.leased(queue, id, lease)? {
             Ok(job) => job,
@@ -618,10 +601,30 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         self.unindex(&job)?;
         job.lease = None;
         job.priority = priority.unwrap_or(job.priority);
+        if counted {
+            job.counters.releases = job.counters.releases.saturating_add(1);
+        }
         job.due_ms = due_ms;
         job.state = if delay_ms == 0 { JobState::Ready } else { JobState::Delayed };
         self.index(&mut job)?;
         self.effects.count(queue, |e| &mut e.released);
+        Ok(Ok(Reply::Job(Box::new(job))))
+    }
+
+    fn bury(
+        &mut self,
+        queue: &QueueName,
+        id: JobId,
+        lease: Option<u64>,
+        priority: Option<u32>,
+    ) -> Result<Outcome, KvError> {
+        let mut job = match self.leased(queue, id, lease)? {
+            Ok(job) => job,
+            Err(r) => return Ok(Err(r)),
+        };
+        job.priority = priority.unwrap_or(job.priority);
+        job.counters.buries = job.counters.buries.saturating_add(1);
+        self.bury_job(&mut job)?;
         Ok(Ok(Reply::Job(Box::new(job))))
     }
 
@@ -847,6 +850,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     && job.lease.is_some_and(|l| l.deadline_ms == deadline) =>
             {
                 self.effects.count(&job.queue, |e| &mut e.timed_out);
+                job.counters.timeouts = job.counters.timeouts.saturating_add(1);
                 if job.attempts >= job.tries {
                     self.bury_job(&mut job)?;
                 } else {
@@ -1436,8 +1440,11 @@ mod numbers {
     fn legacy_record(job: &Job) -> Vec<u8> {
         assert_eq!(job.number, 0);
         let mut bytes = encode(job);
-        // The current layout ends with the number, 0 here: one varint byte.
-        assert_eq!(bytes.pop(), Some(0));
+        // The current layout ends with four counters and the number, all 0 here: one varint
+        // byte each.
+        for _ in 0..5 {
+            assert_eq!(bytes.pop(), Some(0));
+        }
         bytes[0] = 1;
         bytes
     }

@@ -143,11 +143,27 @@ pub struct Job {
     pub lease: Option<Lease>,
     /// Position in the ready or dead-letter order, when ready or dead.
     pub seq: u64,
+    /// How often the job went through the transitions beanstalkd counts per job.
+    pub counters: JobCounters,
     /// The job's number: a second id, an integer unique in the cluster, given by the state
     /// machine in the order jobs are stored, from 1 (beanstalkd's job ids). 0 only for a job
-    /// stored before numbers existed, until its next change numbers it. Must stay the last
-    /// field (see [`crate::codec::decode_job`]).
+    /// stored before numbers existed, until its next change numbers it. This field and
+    /// `counters` came with encoding version 2 and must stay the last ones (see
+    /// [`crate::codec::decode_job`]).
     pub number: u64,
+}
+
+/// How often a job went through the transitions beanstalkd counts per job (`stats-job`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobCounters {
+    /// Reservations whose ttr ran out.
+    pub timeouts: u32,
+    /// Reservations the consumer released.
+    pub releases: u32,
+    /// Reservations the consumer buried.
+    pub buries: u32,
+    /// Kicks out of the dead letter or out of the delay.
+    pub kicks: u32,
 }
 
 impl Job {

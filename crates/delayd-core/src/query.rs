@@ -64,39 +64,51 @@ pub fn peek_ready(kv: &impl KvRead, queue: &QueueName) -> Result<Option<Job>, Kv
     Ok(head(kv, Cf::Ready, queue, 1)?.pop())
 }
 
-/// The delayed job of `queue` that comes due first (the earliest of them, by id, when
-/// several are due the same millisecond). Looks at the timers of the first minute in which
-/// the queue has delayed jobs (the due histogram says which), loading each due-timer's job
-/// until one is the queue's.
+/// The delayed job of `queue` that comes due first (the earliest published of those due
+/// the same millisecond).
 pub fn peek_delayed(kv: &impl KvRead, queue: &QueueName) -> Result<Option<Job>, KvError> {
+    Ok(delayed(kv, queue, 1)?.pop())
+}
+
+/// Up to `limit` delayed jobs of `queue` in the order they come due. The due histogram says
+/// in which minutes the queue has delayed jobs; the timers of those minutes are read in
+/// order, loading each due timer's job until `limit` of them are the queue's. Timers of
+/// other queues in those minutes are stepped over: the cost is the busiest minute's timers.
+pub fn delayed(kv: &impl KvRead, queue: &QueueName, limit: usize) -> Result<Vec<Job>, KvError> {
     let prefix = keys::queue(queue);
     let mut minutes = Vec::new();
     kv.scan(Cf::DueHist, &prefix, &keys::prefix_end(&prefix), &mut |k, _| {
         let minute = k.get(prefix.len()..).and_then(|m| m.try_into().ok()).map(u64::from_be_bytes);
         minutes.extend(minute);
-        // A few minutes in case the first holds only timers already fired; the histogram
-        // and the timers are written together, so the first minute normally answers.
-        minutes.len() < 4
+        true
     })?;
+    let mut found = Vec::new();
     for minute in minutes {
+        if found.len() >= limit {
+            break;
+        }
         let from = keys::timer(minute.saturating_mul(60_000), keys::TimerKind::Expire, JobId(0));
         let next = minute.saturating_add(1).saturating_mul(60_000);
         let to = keys::timer(next, keys::TimerKind::Expire, JobId(0));
-        let mut found = Ok(None);
+        let mut failed = Ok(());
         kv.scan(Cf::Timers, &from, &to, &mut |k, _| {
             let Some((deadline, keys::TimerKind::Due, id)) = keys::parse_timer(k) else {
                 return true;
             };
-            found = job(kv, queue, id).map(|job| {
-                job.filter(|j| j.state == crate::model::JobState::Delayed && j.due_ms == deadline)
-            });
-            matches!(found, Ok(None))
+            match job(kv, queue, id) {
+                Ok(Some(j))
+                    if j.state == crate::model::JobState::Delayed && j.due_ms == deadline =>
+                {
+                    found.push(j)
+                }
+                Ok(_) => {}
+                Err(e) => failed = Err(e),
+            }
+            failed.is_ok() && found.len() < limit
         })?;
-        if let Some(job) = found? {
-            return Ok(Some(job));
-        }
+        failed?;
     }
-    Ok(None)
+    Ok(found)
 }
 
 /// How many ready jobs of `queue` have a priority below `priority`, counting at most `cap`

@@ -54,6 +54,14 @@ fn show_job(j: &Job) -> String {
     if let Some(k) = &j.key {
         let _ = write!(s, " key={k}");
     }
+    let c = j.counters;
+    if c != Default::default() {
+        let _ = write!(
+            s,
+            " timeouts={} releases={} buries={} kicks={}",
+            c.timeouts, c.releases, c.buries, c.kicks
+        );
+    }
     if !j.body.is_empty() {
         let _ = write!(s, " body={}", String::from_utf8_lossy(&j.body));
     }
@@ -484,7 +492,7 @@ impl Runner for Machine {
                 }
                 return Ok(out);
             }
-            "ack" | "release" | "touch" | "bury" => {
+            "ack" | "release" | "touch" | "bury" | "return" => {
                 let q = queue(&args.next_pos().ok_or("queue expected")?.value)?;
                 let id = id(&args.next_pos().ok_or("job id expected")?.value)?;
                 let lease = self.lease(id, &mut args)?;
@@ -500,7 +508,15 @@ impl Runner for Machine {
                     "touch" => {
                         Command::Touch { queue: q, id, lease, ttr_ms: args.lookup_parse("ttr")? }
                     }
-                    _ => Command::Bury { queue: q, id, lease },
+                    "return" => {
+                        Command::Return { queue: q, id, lease: lease.ok_or("lease expected")? }
+                    }
+                    _ => match args.lookup_parse("prio")? {
+                        Some(priority) => {
+                            Command::BuryWithPriority { queue: q, id, lease, priority }
+                        }
+                        None => Command::Bury { queue: q, id, lease },
+                    },
                 }
             }
             "update" => {

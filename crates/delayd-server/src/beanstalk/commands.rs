@@ -106,24 +106,10 @@ impl Connection {
         for tube in &self.watched {
             self.tubes.update(tube, |c| c.watching -= 1);
         }
+        // Those whose ttr ran out are back in line already.
         let now = Instant::now();
-        for (_, held) in self.held.drain() {
-            if held.deadline <= now {
-                continue; // back in line already
-            }
-            let released = self.service.release(
-                &self.principal,
-                held.queue,
-                held.id,
-                Some(held.lease),
-                0,
-                None,
-            );
-            if let Err(e) = released.await {
-                // It comes back when its ttr runs out.
-                tracing::debug!(error = %e, "cannot release a closed connection's job");
-            }
-        }
+        let held = self.held.drain().map(|(_, h)| h).filter(|h| h.deadline > now);
+        self.service.return_jobs(held.map(|h| (h.queue, h.id, h.lease)).collect()).await;
     }
 
     /// A tube of this listener's namespace; names beanstalkd allows but delayd does not (a
@@ -199,9 +185,9 @@ impl Connection {
                 s.release(me, held.queue, held.id, Some(held.lease), delay_ms, Some(pri)).await?;
                 Ok(line("RELEASED"))
             }
-            Request::Bury { id, .. } => {
+            Request::Bury { id, pri } => {
                 let Some(held) = self.held.remove(&id) else { return Ok(line("NOT_FOUND")) };
-                s.bury(me, held.queue, held.id, Some(held.lease)).await?;
+                s.bury(me, held.queue, held.id, Some(held.lease), Some(pri)).await?;
                 Ok(line("BURIED"))
             }
             Request::Touch(id) => {
@@ -263,14 +249,13 @@ impl Connection {
             }
             Request::StatsTube(tube) => {
                 let queue = self.queue(&tube)?;
-                let meta = s.queue_meta(me, &queue, false).await?;
-                let count = self.tubes.get(&tube);
-                let known = tube == DEFAULT_TUBE || count != Default::default();
-                if !known && meta.counts.iter().all(|c| *c == 0) {
+                let Some(meta) = self.existing(&queue).await? else {
                     return Ok(line("NOT_FOUND"));
-                }
+                };
                 let urgent = s.count_ready_below(me, &queue, URGENT_PRIORITY).await?;
-                Ok(tube_stats(&tube, &meta, urgent, count))
+                let count = self.tubes.get(&tube);
+                let pause = self.tubes.pause(&tube).map(|(d, left)| (d, left.as_secs()));
+                Ok(tube_stats(&tube, &meta, urgent, count, pause))
             }
             Request::Stats => self.stats().await,
             Request::ListTubes => {
@@ -290,7 +275,11 @@ impl Connection {
             Request::ListTubesWatched => Ok(yaml_list(self.watched.iter().map(String::as_str))),
             Request::PauseTube { tube, delay_s } => {
                 let queue = self.queue(&tube)?;
+                if self.existing(&queue).await?.is_none() {
+                    return Ok(line("NOT_FOUND"));
+                }
                 s.set_paused(me, queue.clone(), delay_s > 0).await?;
+                self.tubes.paused(&tube, delay_s);
                 if delay_s > 0 {
                     // The resume is this node's timer: should the node stop first, the tube
                     // stays paused until resumed (pause-tube 0, or the HTTP API).
@@ -309,6 +298,15 @@ impl Connection {
                 Ok(Vec::new())
             }
         }
+    }
+
+    /// The tube's counts if it exists: it has jobs, or it is `default`, or a connection of
+    /// this node uses or watches it (beanstalkd's tubes live as long as one of those holds).
+    async fn existing(&self, queue: &QueueName) -> Result<Option<QueueMeta>, ServiceError> {
+        let meta = self.service.queue_meta(&self.principal, queue, false).await?;
+        let tube = queue.queue.as_str();
+        let known = tube == DEFAULT_TUBE || self.tubes.get(tube) != Default::default();
+        Ok((known || meta.counts.iter().any(|c| *c > 0)).then_some(meta))
     }
 
     /// `reserve` and `reserve-with-timeout`: the most urgent job of the watched tubes,
@@ -401,10 +399,10 @@ impl Connection {
             ("time-left", seconds(time_left)),
             ("file", "0".into()),
             ("reserves", job.attempts.to_string()),
-            ("timeouts", "0".into()),
-            ("releases", "0".into()),
-            ("buries", "0".into()),
-            ("kicks", "0".into()),
+            ("timeouts", job.counters.timeouts.to_string()),
+            ("releases", job.counters.releases.to_string()),
+            ("buries", job.counters.buries.to_string()),
+            ("kicks", job.counters.kicks.to_string()),
         ])
     }
 
@@ -445,8 +443,15 @@ fn found(job: Option<Job>) -> Vec<u8> {
     }
 }
 
-/// `stats-tube`: the tube's counts, and this node's connections on it.
-fn tube_stats(tube: &str, meta: &QueueMeta, urgent: u64, count: super::TubeCount) -> Vec<u8> {
+/// `stats-tube`: the tube's counts, this node's connections on it, and the pause this node
+/// took for it (its delay and seconds left), if one runs.
+fn tube_stats(
+    tube: &str,
+    meta: &QueueMeta,
+    urgent: u64,
+    count: super::TubeCount,
+    pause: Option<(u32, u64)>,
+) -> Vec<u8> {
     let n = |state| meta.count(state).to_string();
     let total: u64 = meta.counts.iter().sum();
     yaml_map(&[
@@ -462,8 +467,9 @@ fn tube_stats(tube: &str, meta: &QueueMeta, urgent: u64, count: super::TubeCount
         ("current-waiting", count.waiting.to_string()),
         ("cmd-delete", "0".into()),
         ("cmd-pause-tube", "0".into()),
-        ("pause", if meta.paused { "1" } else { "0" }.into()),
-        ("pause-time-left", "0".into()),
+        // A pause taken through another node, or over HTTP, has no delay known here.
+        ("pause", pause.map_or(u64::from(meta.paused), |(d, _)| d.into()).to_string()),
+        ("pause-time-left", pause.map_or(0, |(_, left)| left).to_string()),
     ])
 }
 

@@ -28,7 +28,7 @@ mod wire;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -145,11 +145,18 @@ async fn closed<R: AsyncBufRead + Unpin>(read: &mut R) {
 }
 
 /// What this node's connections do with each tube: beanstalkd's per-tube connection counts
-/// (`current-using`, `-watching`, `-waiting`). Per node: a cluster has no server-wide view
-/// of connections.
+/// (`current-using`, `-watching`, `-waiting`), and the pauses they asked for. Per node: a
+/// cluster has no server-wide view of connections.
 #[derive(Clone, Default)]
 pub(crate) struct Tubes {
-    counts: Arc<Mutex<HashMap<String, TubeCount>>>,
+    inner: Arc<Mutex<TubesInner>>,
+}
+
+#[derive(Default)]
+struct TubesInner {
+    counts: HashMap<String, TubeCount>,
+    /// `pause-tube` delays taken by this node: the delay, and when it ends.
+    pauses: HashMap<String, (u32, Instant)>,
 }
 
 /// Connections of this node using, watching and waiting on one tube.
@@ -161,25 +168,50 @@ pub(crate) struct TubeCount {
 }
 
 impl Tubes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TubesInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Applies `change` to `tube`'s counts, forgetting a tube nobody uses any more.
     fn update(&self, tube: &str, change: impl FnOnce(&mut TubeCount)) {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = counts.entry(tube.to_string()).or_default();
+        let mut inner = self.lock();
+        let count = inner.counts.entry(tube.to_string()).or_default();
         change(count);
         if *count == TubeCount::default() {
-            counts.remove(tube);
+            inner.counts.remove(tube);
         }
     }
 
     /// `tube`'s counts.
     fn get(&self, tube: &str) -> TubeCount {
-        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        counts.get(tube).copied().unwrap_or_default()
+        self.lock().counts.get(tube).copied().unwrap_or_default()
     }
 
     /// The tubes some connection of this node uses or watches.
     fn names(&self) -> Vec<String> {
-        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        counts.keys().cloned().collect()
+        self.lock().counts.keys().cloned().collect()
+    }
+
+    /// Records a pause of `delay_s` seconds from now (0: none).
+    fn paused(&self, tube: &str, delay_s: u32) {
+        let mut inner = self.lock();
+        match delay_s {
+            0 => inner.pauses.remove(tube),
+            d => inner
+                .pauses
+                .insert(tube.into(), (d, Instant::now() + Duration::from_secs(d.into()))),
+        };
+    }
+
+    /// The pause this node took for `tube`, if one is running: its delay and the time left.
+    fn pause(&self, tube: &str) -> Option<(u32, Duration)> {
+        let mut inner = self.lock();
+        let (delay, until) = *inner.pauses.get(tube)?;
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            inner.pauses.remove(tube);
+            return None;
+        }
+        Some((delay, left))
     }
 }

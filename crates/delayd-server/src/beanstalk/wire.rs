@@ -191,7 +191,16 @@ pub fn parse(line: &[u8]) -> Result<Request, LineError> {
             | "pause-tube"
             | "quit",
             _,
-        ) => return Err(LineError::BadFormat),
+        ) => {
+            // beanstalkd recognises a command by its name and the space after it, except
+            // `pause-tube` and the prefixes `stats` and `reserve` of argument-free commands:
+            // without arguments the others are not commands at all.
+            let bare = args.is_empty()
+                && !(name == "pause-tube"
+                    || name.starts_with("stats")
+                    || name.starts_with("reserve"));
+            return Err(if bare { LineError::Unknown } else { LineError::BadFormat });
+        }
         _ => return Err(LineError::Unknown),
     };
     Ok(request)
@@ -336,8 +345,9 @@ mod tests {
             b"put -1 0 1 1",
             b"put 1 2 3 x",
             b"put 4294967296 0 1 1",
-            b"delete",
             b"delete 1 2",
+            b"stats-job",
+            b"reserve-job",
             b"use -tube",
             b"use a b",
             b"watch t\xff",
@@ -347,6 +357,7 @@ mod tests {
             assert_eq!(parse(bad), Err(LineError::BadFormat), "{:?}", String::from_utf8_lossy(bad));
         }
         assert_eq!(parse(b"frobnicate"), Err(LineError::Unknown));
+        assert_eq!(parse(b"delete"), Err(LineError::Unknown), "no space after the name");
         assert_eq!(parse(b""), Err(LineError::Unknown));
     }
 

@@ -538,12 +538,11 @@ fn job_reply(job: &Job, counters: bool) -> Reply {
         Reply::Bulk(Some(job.body.clone())),
     ];
     if counters {
-        let redeliveries = i64::from(job.attempts.saturating_sub(1));
         items.extend([
             Reply::text("nacks"),
-            Reply::Int(0),
+            Reply::Int(job.counters.releases.into()),
             Reply::text("additional-deliveries"),
-            Reply::Int(redeliveries),
+            Reply::Int(job.counters.timeouts.into()),
         ]);
     }
     Reply::Array(Some(items))
@@ -572,9 +571,9 @@ fn show(job: &Job, now: u64) -> Reply {
         Reply::text("retry"),
         int(job.ttr_ms / 1000),
         Reply::text("nacks"),
-        Reply::Int(0),
+        Reply::Int(job.counters.releases.into()),
         Reply::text("additional-deliveries"),
-        Reply::Int(i64::from(job.attempts.saturating_sub(1))),
+        Reply::Int(job.counters.timeouts.into()),
         Reply::text("body"),
         Reply::Bulk(Some(job.body.clone())),
     ]))

@@ -592,6 +592,6 @@ async fn touch_one(
 
 async fn bury_one(s: &Service, caller: &Principal, r: pb::JobRef) -> Result<pb::Job, ServiceError> {
     let (queue, id) = convert::job_ref(&r)?;
-    let buried = s.bury(caller, queue, id, r.lease).await?;
+    let buried = s.bury(caller, queue, id, r.lease, None).await?;
     Ok(convert::job(buried, s.now_ms()))
 }

@@ -79,16 +79,21 @@ impl Service {
         self.job_reply(Command::Touch { queue, id, lease, ttr_ms }).await
     }
 
-    /// Buries a reserved job in the dead letter.
+    /// Buries a reserved job in the dead letter, with a new priority when one is given.
     pub async fn bury(
         &self,
         caller: &Principal,
         queue: QueueName,
         id: JobId,
         lease: Option<u64>,
+        priority: Option<u32>,
     ) -> Result<Job, ServiceError> {
         self.authorize(caller, Scope::queue(&queue, Access::Write))?;
-        self.job_reply(Command::Bury { queue, id, lease }).await
+        self.job_reply(match priority {
+            None => Command::Bury { queue, id, lease },
+            Some(priority) => Command::BuryWithPriority { queue, id, lease, priority },
+        })
+        .await
     }
 
     /// Changes a pending job.

@@ -211,27 +211,31 @@ impl Service {
         got?
     }
 
-    /// Puts back deliveries that never reached their consumer: released at once with their
+    /// Puts back deliveries that never reached their consumer: returned at once with their
     /// lease (so a consumer that did get one can still tell), best effort — whatever fails
     /// here comes back when its ttr runs out. The caller was authorized when it reserved them.
     pub async fn return_deliveries(&self, deliveries: Vec<Delivery>) {
-        if deliveries.is_empty() {
+        let jobs = deliveries.into_iter().map(|d| (d.job.queue, d.job.id, d.lease)).collect();
+        self.return_jobs(jobs).await;
+    }
+
+    /// Puts reserved jobs back in line at once because their holder is gone, not counted
+    /// as releases (see [`Command::Return`]); each with the lease it was reserved under.
+    /// Best effort, as [`Service::return_deliveries`].
+    pub async fn return_jobs(&self, jobs: Vec<(QueueName, JobId, u64)>) {
+        if jobs.is_empty() {
             return;
         }
-        let n = deliveries.len();
-        let commands = deliveries
+        let n = jobs.len();
+        let commands = jobs
             .into_iter()
-            .map(|d| Command::Release {
-                queue: d.job.queue,
-                id: d.job.id,
-                lease: Some(d.lease),
-                delay_ms: 0,
-                priority: None,
-            })
+            .map(|(queue, id, lease)| Command::Return { queue, id, lease })
             .collect();
         match self.write(commands).await {
-            Ok(_) => tracing::debug!(jobs = n, "released deliveries nobody received"),
-            Err(e) => tracing::warn!(jobs = n, error = %e, "cannot release undelivered jobs"),
+            Ok(_) => tracing::debug!(jobs = n, "returned jobs whose holder is gone"),
+            Err(e) => {
+                tracing::warn!(jobs = n, error = %e, "cannot return jobs whose holder is gone")
+            }
         }
     }
 }
