@@ -84,7 +84,8 @@ async fn client_libraries_work_through_a_follower() -> Result<()> {
     let follower = (0..3).find(|i| *i != leader).context("no follower")?;
     run("beanstalk_clients.py", &["--addr".into(), format!("127.0.0.1:{}", beanstalk[follower])])
         .await?;
-    run("disque_clients.py", &["--addr".into(), format!("127.0.0.1:{}", disque[follower])]).await
+    let addr = format!("127.0.0.1:{}", disque[follower]);
+    run("disque_clients.py", &["--addr".into(), addr, "--nodes".into(), "3".into()]).await
 }
 
 /// A real beanstalkd on a free loopback port, stopped when dropped.

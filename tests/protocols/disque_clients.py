@@ -6,10 +6,11 @@ and checks the replies against Disque's documented behaviour: ADDJOB returns
 a "D-" id; GETJOB returns [queue, id, body] per job (None when nothing
 comes); a job not acknowledged within RETRY is delivered again, at once after
 NACK; DELAY holds a job back; WORKING extends the lease; GETJOB with several
-queues, TIMEOUT and COUNT; QLEN, QPEEK, JSHOW, ACKJOB, FASTACK and DELJOB.
+queues, TIMEOUT and COUNT; QLEN, QPEEK, JSHOW, ACKJOB, FASTACK and DELJOB;
+DEQUEUE, QSCAN and JSCAN; HELLO listing the cluster's nodes (--nodes).
 
     pip install redis
-    python3 tests/protocols/disque_clients.py --addr 127.0.0.1:7711 [--auth TOKEN]
+    python3 tests/protocols/disque_clients.py --addr 127.0.0.1:7711 [--auth TOKEN] [--nodes 3]
 
 With --auth, every connection sends `AUTH TOKEN` before anything else.
 Queues are named with a random suffix, so reruns against a long-lived server
@@ -33,6 +34,7 @@ ADDR: tuple[str, int] = ("127.0.0.1", 7711)
 AUTH: str | None = None
 IO_TIMEOUT = 10.0
 SUFFIX = secrets.token_hex(4)
+NODES = 1  # how many nodes HELLO must list (--nodes)
 ADD_TIMEOUT_MS = "5000"  # ADDJOB's replication timeout (delayd accepts and ignores it)
 
 
@@ -282,6 +284,63 @@ def count_limits_batch() -> None:
         check_eq(d.count("ACKJOB", *added), 5, "ACKJOB of five ids")
 
 
+def dequeue_and_scans() -> None:
+    q = queue("scan")
+    other = queue("scan-other")
+    with Disque() as d:
+        added = [d.addjob(q, f"scan {i}".encode(), "RETRY", "1") for i in range(3)]
+        d.addjob(other, b"elsewhere")
+        # DEQUEUE takes a queued job out of its queue without delivering it; it comes back
+        # once its RETRY runs out.
+        check_eq(d.count("DEQUEUE", added[0]), 1, "DEQUEUE of a queued job")
+        check_eq(d.count("QLEN", q), 2, "QLEN after DEQUEUE")
+        check_eq((d.jshow(added[0]) or {}).get("state"), "active", "JSHOW state after DEQUEUE")
+        back = None
+        deadline = time.monotonic() + 5
+        while back is None and time.monotonic() < deadline:
+            check_eq(d.count("QLEN", q) >= 2, True, "QLEN while waiting")
+            if d.count("QLEN", q) == 3:
+                back = True
+            else:
+                time.sleep(0.05)
+        check(back is not None, "the dequeued job did not come back after its RETRY")
+
+        # QSCAN lists queues, filtered by their length.
+        cursor, names = d.r.execute_command("QSCAN", "COUNT", "100", "MINLEN", "3")
+        names = [n.decode() for n in names]
+        check(q in names and other not in names, f"QSCAN MINLEN 3: got {names}")
+        cursor, names = d.r.execute_command("QSCAN", "MAXLEN", "1")
+        names = [n.decode() for n in names]
+        check(other in names and q not in names, f"QSCAN MAXLEN 1: got {names}")
+
+        # JSCAN pages through a queue's jobs with a cursor, ending at cursor 0.
+        seen, cursor, pages = [], b"0", 0
+        while True:
+            cursor, page = d.r.execute_command("JSCAN", cursor, "COUNT", "2", "QUEUE", q)
+            seen.extend(job.decode() for job in page)
+            pages += 1
+            check(pages <= 10, "JSCAN did not end")
+            if cursor in (b"0", 0):
+                break
+        check_eq(sorted(seen), sorted(added), "JSCAN of the queue, two per page")
+        _, page = d.r.execute_command("JSCAN", "0", "QUEUE", q, "STATE", "queued", "REPLY", "all")
+        check_eq(len(page), 3, "JSCAN STATE queued REPLY all")
+        check(all(b"body" in job for job in page), f"JSCAN REPLY all shows jobs: {page[:1]}")
+        check_eq(d.count("ACKJOB", *added), 3, "ACKJOB of the scanned jobs")
+
+
+def hello_lists_nodes() -> None:
+    with Disque() as d:
+        reply = d.r.execute_command("HELLO")
+        check(isinstance(reply, list) and len(reply) >= 3, f"HELLO reply {reply!r}")
+        check_eq(reply[0], 1, "HELLO version")
+        nodes = reply[2:]
+        check(len(nodes) >= NODES, f"HELLO lists {len(nodes)} nodes, expected {NODES}: {nodes}")
+        for node in nodes:
+            check(len(node) == 4 and node[2].decode().isdigit(), f"HELLO node {node!r}")
+        check(any(node[0] == reply[1] for node in nodes), "HELLO lists the node answering")
+
+
 SCENARIOS = [
     ("ADDJOB/GETJOB/ACKJOB, QLEN, QPEEK, JSHOW, FASTACK, DELJOB", add_get_ack),
     ("DELAY", delay),
@@ -290,6 +349,8 @@ SCENARIOS = [
     ("WORKING", working_extends_lease),
     ("GETJOB from several queues, TIMEOUT, a waiting GETJOB", multi_queue_getjob),
     ("GETJOB COUNT", count_limits_batch),
+    ("DEQUEUE, QSCAN, JSCAN", dequeue_and_scans),
+    ("HELLO lists the cluster's nodes", hello_lists_nodes),
 ]
 
 
@@ -301,14 +362,16 @@ def parse_addr(text: str) -> tuple[str, int]:
 
 
 def main() -> int:
-    global ADDR, AUTH, IO_TIMEOUT
+    global ADDR, AUTH, IO_TIMEOUT, NODES
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--addr", type=parse_addr, required=True, help="Disque-protocol server, host:port")
     parser.add_argument("--auth", metavar="TOKEN", help="send AUTH TOKEN on every connection first")
     parser.add_argument("--io-timeout", type=float, default=IO_TIMEOUT,
                         help="seconds any single reply may take (default %(default)s)")
+    parser.add_argument("--nodes", type=int, default=NODES,
+                        help="how many nodes HELLO must list (default %(default)s)")
     args = parser.parse_args()
-    ADDR, AUTH, IO_TIMEOUT = args.addr, args.auth, args.io_timeout
+    ADDR, AUTH, IO_TIMEOUT, NODES = args.addr, args.auth, args.io_timeout, args.nodes
 
     for name, scenario in SCENARIOS:
         try:

@@ -67,7 +67,8 @@ async fn add_get_ack_nack_and_working_behave_as_disque() {
     let Value::Array(jobs) = again else { panic!("{again:?}") };
     let fields: Vec<Value> = redis::from_redis_value(&jobs[0]).unwrap();
     assert_eq!(fields.len(), 7, "queue, id, body and two counters: {fields:?}");
-    assert_eq!(fields[6], Value::Int(1), "one additional delivery");
+    assert_eq!(fields[4], Value::Int(1), "one NACK");
+    assert_eq!(fields[6], Value::Int(0), "no additional delivery: its RETRY never ran out");
 
     let acked: i64 = cmd("ACKJOB")
         .arg(&id)

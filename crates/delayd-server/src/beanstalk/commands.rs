@@ -157,7 +157,8 @@ impl Connection {
             }
             Request::Reserve { timeout_s } => self.reserve(timeout_s).await,
             Request::ReserveJob(number) => {
-                let Some(job) = s.job_by_number(me, &self.namespace, number).await? else {
+                // The reserve checks the job's state itself: finding it is enough here.
+                let Some(job) = s.job_by_number(me, &self.namespace, number, true).await? else {
                     return Ok(line("NOT_FOUND"));
                 };
                 match s.reserve_job(me, job.queue, job.id, None).await? {
@@ -171,7 +172,7 @@ impl Connection {
                     return Ok(line(if acked? { "DELETED" } else { "NOT_FOUND" }));
                 }
                 // Any job but one another connection holds.
-                match s.job_by_number(me, &self.namespace, number).await? {
+                match s.job_by_number(me, &self.namespace, number, false).await? {
                     Some(job) if job.state != JobState::Reserved => {
                         let removed = s.cancel(me, job.queue, Target::Id(job.id)).await?;
                         Ok(line(if removed { "DELETED" } else { "NOT_FOUND" }))
@@ -220,7 +221,9 @@ impl Connection {
                 }
                 Ok(line(&format!("WATCHING {}", self.watched.len())))
             }
-            Request::Peek(number) => Ok(found(s.job_by_number(me, &self.namespace, number).await?)),
+            Request::Peek(number) => {
+                Ok(found(s.job_by_number(me, &self.namespace, number, false).await?))
+            }
             Request::PeekReady => Ok(found(s.peek(me, &self.queue(&self.used)?, false).await?)),
             Request::PeekDelayed => {
                 Ok(found(s.peek_delayed(me, &self.queue(&self.used)?, false).await?))
@@ -235,14 +238,14 @@ impl Connection {
                 Ok(line(&format!("KICKED {kicked}")))
             }
             Request::KickJob(number) => {
-                let Some(job) = s.job_by_number(me, &self.namespace, number).await? else {
+                let Some(job) = s.job_by_number(me, &self.namespace, number, true).await? else {
                     return Ok(line("NOT_FOUND"));
                 };
                 s.kick_job(me, job.queue, job.id).await?;
                 Ok(line("KICKED"))
             }
             Request::StatsJob(number) => {
-                match s.job_by_number(me, &self.namespace, number).await? {
+                match s.job_by_number(me, &self.namespace, number, false).await? {
                     Some(job) => Ok(self.job_stats(&job)),
                     None => Ok(line("NOT_FOUND")),
                 }

@@ -383,7 +383,7 @@ mod tests {
 
     #[test]
     fn yaml_replies_count_their_bytes() {
-        assert_eq!(yaml_list(["default", "b"]), b"OK 20\r\n---\n- default\n- b\n\r\n".to_vec());
+        assert_eq!(yaml_list(["default", "b"]), b"OK 18\r\n---\n- default\n- b\n\r\n".to_vec());
         assert_eq!(yaml_map(&[("id", "1".into())]), b"OK 10\r\n---\nid: 1\n\r\n".to_vec());
     }
 }

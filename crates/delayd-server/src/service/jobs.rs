@@ -176,19 +176,23 @@ impl Service {
         Ok(mine(self.read(false, |v| query::job_anywhere(v, id)).await?))
     }
 
-    /// One job by number ([`Job::number`]) in any queue of `namespace` (beanstalkd's ids),
-    /// found like [`Service::job_in_namespace`]: this replica first, then once more after
-    /// catching up with the leader.
+    /// One job by number ([`Job::number`]) in any queue of `namespace` (beanstalkd's ids).
+    /// Linearizable, unless `stale`: then this replica is read first, and only a job it does
+    /// not know is looked up again after catching up with the leader — enough to find a
+    /// job's queue and id for a command that checks the job's state itself.
     pub async fn job_by_number(
         &self,
         caller: &Principal,
         namespace: &str,
         number: u64,
+        stale: bool,
     ) -> Result<Option<Job>, ServiceError> {
         self.authorize(caller, Scope::Namespace(namespace, Access::Read))?;
         let mine = |job: Option<Job>| job.filter(|j| j.queue.namespace == namespace);
-        if let Some(job) = mine(self.read(true, |v| query::job_by_number(v, number)).await?) {
-            return Ok(Some(job));
+        if stale {
+            if let Some(job) = mine(self.read(true, |v| query::job_by_number(v, number)).await?) {
+                return Ok(Some(job));
+            }
         }
         Ok(mine(self.read(false, |v| query::job_by_number(v, number)).await?))
     }
