@@ -37,6 +37,15 @@ pub fn job_by_key(kv: &impl KvRead, queue: &QueueName, key: &str) -> Result<Opti
     }
 }
 
+/// The jobs of `queue` with these ids, in order; ids of no job of the queue are skipped.
+fn jobs_of(kv: &impl KvRead, queue: &QueueName, ids: Vec<JobId>) -> Result<Vec<Job>, KvError> {
+    let mut jobs = Vec::with_capacity(ids.len());
+    for id in ids {
+        jobs.extend(job(kv, queue, id)?);
+    }
+    Ok(jobs)
+}
+
 /// Up to `limit` jobs from the head of a per-queue index (Ready or Dead), in order.
 fn head(kv: &impl KvRead, cf: Cf, queue: &QueueName, limit: usize) -> Result<Vec<Job>, KvError> {
     let prefix = keys::queue(queue);
@@ -52,11 +61,7 @@ fn head(kv: &impl KvRead, cf: Cf, queue: &QueueName, limit: usize) -> Result<Vec
             ids.len() < limit
         })?;
     }
-    let mut jobs = Vec::with_capacity(ids.len());
-    for id in ids {
-        jobs.extend(job(kv, queue, id)?);
-    }
-    Ok(jobs)
+    jobs_of(kv, queue, ids)
 }
 
 /// The next job a reserve would hand out.
@@ -157,11 +162,7 @@ pub fn members(
             ids.len() < limit
         })?;
     }
-    let mut jobs = Vec::with_capacity(ids.len());
-    for id in ids {
-        jobs.extend(job(kv, queue, id)?);
-    }
-    Ok(jobs)
+    jobs_of(kv, queue, ids)
 }
 
 /// Up to `limit` dead jobs, oldest first.

@@ -41,6 +41,7 @@ mod disque;
 mod error;
 pub mod grpc;
 pub mod http;
+mod listener;
 pub mod metrics;
 mod node;
 pub mod push;

@@ -30,50 +30,23 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 use crate::service::Service;
 use commands::Connection;
 use wire::{read_body, read_line, ReadError, Request};
 
 /// Serves beanstalkd clients on `listener` until the node's Raft stops, within the HTTP
-/// API's connection limits: at most `http_max_connections` at once (more wait in the accept
-/// backlog), and a connection idle for `http_idle_timeout_ms` between commands is closed (a
-/// `reserve` that is waiting is not idle).
+/// API's connection limits: at most `http_max_connections` at once, and a connection idle
+/// for `http_idle_timeout_ms` between commands is closed (a `reserve` that is waiting is not
+/// idle).
 pub(crate) async fn serve(listener: TcpListener, service: Service) {
-    let slots = Arc::new(Semaphore::new(service.config().http.max_connections));
     let tubes = Tubes::default();
-    let stopped = service.stopped();
-    tokio::pin!(stopped);
-    loop {
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot,
-            () = &mut stopped => return,
-        };
-        let Ok(slot) = slot else { return };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = &mut stopped => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                let service = service.clone();
-                let tubes = tubes.clone();
-                tokio::spawn(async move {
-                    connection(service, tubes, stream, peer).await;
-                    drop(slot);
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "beanstalkd listener cannot accept");
-                // Out of file descriptors, typically: pause instead of spinning.
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-    }
+    crate::listener::serve(listener, &service, "beanstalk", |stream, peer| {
+        connection(service.clone(), tubes.clone(), stream, peer)
+    })
+    .await;
 }
 
 /// One client's connection: its commands in order, each answered before the next is read.
@@ -124,7 +97,7 @@ async fn connection(service: Service, tubes: Tubes, stream: TcpStream, peer: Soc
         // reserve dropped before its answer puts back what it took.
         let reply = tokio::select! {
             reply = conn.run(request, body) => reply,
-            () = closed(&mut read) => break,
+            () = crate::listener::closed(&mut read) => break,
         };
         let outcome = if commands::is_error(&reply) { "error" } else { "ok" };
         service.metrics().protocol_request("beanstalk", name, outcome, started.elapsed());
@@ -133,15 +106,6 @@ async fn connection(service: Service, tubes: Tubes, stream: TcpStream, peer: Soc
         }
     }
     conn.close().await;
-}
-
-/// Completes when the client has closed its side (or the connection failed); never while it
-/// is merely quiet or has sent its next command already.
-async fn closed<R: AsyncBufRead + Unpin>(read: &mut R) {
-    match read.fill_buf().await {
-        Ok([]) | Err(_) => {}
-        Ok(_) => std::future::pending().await,
-    }
 }
 
 /// What this node's connections do with each tube: beanstalkd's per-tube connection counts

@@ -26,12 +26,10 @@ mod commands;
 mod resp;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 use crate::service::{Principal, Service};
 use resp::{read_command, ProtocolError, Reply};
@@ -40,38 +38,13 @@ use resp::{read_command, ProtocolError, Reply};
 const MAX_BYTES_BEFORE_AUTH: usize = 64 * 1024;
 
 /// Serves Disque clients on `listener` until the node's Raft stops, within the HTTP API's
-/// connection limits: at most `http_max_connections` at once (more wait in the accept
-/// backlog), and a connection idle for `http_idle_timeout_ms` between commands is closed.
+/// connection limits: at most `http_max_connections` at once, and a connection idle for
+/// `http_idle_timeout_ms` between commands is closed.
 pub(crate) async fn serve(listener: TcpListener, service: Service) {
-    let slots = Arc::new(Semaphore::new(service.config().http.max_connections));
-    let stopped = service.stopped();
-    tokio::pin!(stopped);
-    loop {
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot,
-            () = &mut stopped => return,
-        };
-        let Ok(slot) = slot else { return };
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = &mut stopped => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                let service = service.clone();
-                tokio::spawn(async move {
-                    connection(service, stream, peer).await;
-                    drop(slot);
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "Disque listener cannot accept");
-                // Out of file descriptors, typically: pause instead of spinning.
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-    }
+    crate::listener::serve(listener, &service, "disque", |stream, peer| {
+        connection(service.clone(), stream, peer)
+    })
+    .await;
 }
 
 /// One client's connection: its commands in order, each answered before the next is read.
@@ -109,7 +82,7 @@ async fn connection(service: Service, stream: TcpStream, peer: SocketAddr) {
         // reserve dropped before its answer puts back what it took.
         let reply = tokio::select! {
             reply = commands::run(&service, &mut conn, &name, &command[1..]) => reply,
-            () = closed(&mut read) => return,
+            () = crate::listener::closed(&mut read) => return,
         };
         let outcome = if matches!(reply, Reply::Error(_)) { "error" } else { "ok" };
         let label =
@@ -120,14 +93,5 @@ async fn connection(service: Service, stream: TcpStream, peer: SocketAddr) {
         if write.write_all(&out).await.is_err() || conn.quit {
             return;
         }
-    }
-}
-
-/// Completes when the client has closed its side (or the connection failed); never while it
-/// is merely quiet or has sent its next command already.
-async fn closed<R: AsyncBufRead + Unpin>(read: &mut R) {
-    match read.fill_buf().await {
-        Ok([]) | Err(_) => {}
-        Ok(_) => std::future::pending().await,
     }
 }

@@ -3,7 +3,8 @@
 //! A `lease` names the reservation the caller holds; with one, only the current holder may
 //! act (a stale lease is a conflict), without one any caller of the namespace may.
 
-use delayd_core::{query, Command, Due, Job, JobId, QueueName, Reply, Target};
+use delayd_core::{query, Command, Due, Job, JobId, KvError, QueueName, Reply, Target};
+use delayd_store::ReadView;
 
 use super::auth::{Access, Principal, Scope};
 use super::{unexpected, Service};
@@ -160,20 +161,14 @@ impl Service {
     }
 
     /// One job by id in any queue of `namespace` (for protocols whose job ids are global,
-    /// like Disque's). Reads this replica first and, if it does not know the job, catches up
-    /// with the leader once: a job just published through another node is still found.
+    /// like Disque's), found as [`Service::job_by_number`] finds one with `stale`.
     pub async fn job_in_namespace(
         &self,
         caller: &Principal,
         namespace: &str,
         id: JobId,
     ) -> Result<Option<Job>, ServiceError> {
-        self.authorize(caller, Scope::Namespace(namespace, Access::Read))?;
-        let mine = |job: Option<Job>| job.filter(|j| j.queue.namespace == namespace);
-        if let Some(job) = mine(self.read(true, |v| query::job_anywhere(v, id)).await?) {
-            return Ok(Some(job));
-        }
-        Ok(mine(self.read(false, |v| query::job_anywhere(v, id)).await?))
+        self.find_in_namespace(caller, namespace, true, |v| query::job_anywhere(v, id)).await
     }
 
     /// One job by number ([`Job::number`]) in any queue of `namespace` (beanstalkd's ids).
@@ -187,14 +182,26 @@ impl Service {
         number: u64,
         stale: bool,
     ) -> Result<Option<Job>, ServiceError> {
+        self.find_in_namespace(caller, namespace, stale, |v| query::job_by_number(v, number)).await
+    }
+
+    /// The job `find` finds, if it is of `namespace`: read as [`Service::job_by_number`]
+    /// describes.
+    async fn find_in_namespace(
+        &self,
+        caller: &Principal,
+        namespace: &str,
+        stale: bool,
+        find: impl Fn(&ReadView<'_>) -> Result<Option<Job>, KvError>,
+    ) -> Result<Option<Job>, ServiceError> {
         self.authorize(caller, Scope::Namespace(namespace, Access::Read))?;
         let mine = |job: Option<Job>| job.filter(|j| j.queue.namespace == namespace);
         if stale {
-            if let Some(job) = mine(self.read(true, |v| query::job_by_number(v, number)).await?) {
+            if let Some(job) = mine(self.read(true, &find).await?) {
                 return Ok(Some(job));
             }
         }
-        Ok(mine(self.read(false, |v| query::job_by_number(v, number)).await?))
+        Ok(mine(self.read(false, &find).await?))
     }
 
     /// Makes a dead or delayed job ready now (beanstalkd's `kick-job`).
