@@ -65,6 +65,9 @@ pub struct Config {
     pub disque_addr: Option<SocketAddr>,
     /// The namespace Disque clients' queues live in.
     pub disque_namespace: String,
+    /// How long a Disque or beanstalkd connection may stay idle between commands before it is
+    /// closed; `None`: never, as beanstalkd and Redis do (their clients keep connections).
+    pub protocol_idle_timeout: Option<Duration>,
     /// Where to serve the beanstalkd protocol; `None`: not served. The protocol has no
     /// authentication: whoever reaches this address uses `beanstalk_namespace`.
     pub beanstalk_addr: Option<SocketAddr>,
@@ -106,6 +109,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             disque_addr: None,
             disque_namespace: "disque".into(),
+            protocol_idle_timeout: None,
             beanstalk_addr: None,
             beanstalk_namespace: "beanstalk".into(),
             debug_clock: false,

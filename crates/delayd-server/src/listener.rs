@@ -1,10 +1,12 @@
 //! What the listeners of the other wire protocols (Disque, beanstalkd) share: accepting
-//! connections within the HTTP API's connection limit until the node stops, and telling a
-//! client that went away from one that is merely quiet.
+//! connections within the HTTP API's connection limit until the node stops, the idle limit
+//! between commands, and telling a client that went away from one that is merely quiet.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -62,5 +64,14 @@ pub(crate) async fn closed<R: AsyncBufRead + Unpin>(read: &mut R) {
     match read.fill_buf().await {
         Ok([]) | Err(_) => {}
         Ok(_) => std::future::pending().await,
+    }
+}
+
+/// Waits for `next` (a client's next command) at most `idle` (`None`: for ever): `None`
+/// when the client stayed idle longer.
+pub(crate) async fn within<T>(idle: Option<Duration>, next: impl Future<Output = T>) -> Option<T> {
+    match idle {
+        Some(idle) => tokio::time::timeout(idle, next).await.ok(),
+        None => Some(next.await),
     }
 }

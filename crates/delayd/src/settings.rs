@@ -61,6 +61,10 @@ pub struct Settings {
     /// The namespace Disque clients' queues live in [default: disque].
     #[arg(long, env = "DELAYD_DISQUE_NAMESPACE")]
     pub disque_namespace: Option<String>,
+    /// A Disque or beanstalkd connection idle this long between commands is closed, in ms;
+    /// 0: never, as beanstalkd and Redis do (a blocking reserve is not idle) [default: 0].
+    #[arg(long, env = "DELAYD_PROTOCOL_IDLE_TIMEOUT_MS")]
+    pub protocol_idle_timeout_ms: Option<u64>,
     /// Serve the beanstalkd protocol on this address, e.g. 127.0.0.1:11300 [default: off].
     /// beanstalkd has no authentication: whoever reaches it uses beanstalk_namespace.
     #[arg(long, env = "DELAYD_BEANSTALK_ADDR")]
@@ -179,6 +183,7 @@ impl Settings {
             join: Some(c.join),
             disque_addr: None,
             disque_namespace: Some(c.disque_namespace.clone()),
+            protocol_idle_timeout_ms: Some(c.protocol_idle_timeout.map_or(0, millis)),
             beanstalk_addr: None,
             beanstalk_namespace: Some(c.beanstalk_namespace.clone()),
             max_body_bytes: Some(c.max_body_bytes),
@@ -213,7 +218,8 @@ impl Settings {
         layer!(a, b;
             node_id, data_dir, http_addr, http_header_timeout_ms, http_idle_timeout_ms,
             http_max_connections, grpc_addr, advertise_addr, peers, join,
-            disque_addr, disque_namespace, beanstalk_addr, beanstalk_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
+            disque_addr, disque_namespace, protocol_idle_timeout_ms, beanstalk_addr,
+            beanstalk_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
             max_in_flight, batch_linger_us,
             tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
             election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token, admin_token_file, public_metrics,
@@ -367,6 +373,10 @@ impl Settings {
             },
             disque_addr: self.disque_addr,
             disque_namespace: self.disque_namespace.clone().unwrap_or(d.disque_namespace.clone()),
+            protocol_idle_timeout: match self.protocol_idle_timeout_ms {
+                None | Some(0) => None,
+                Some(ms) => Some(Duration::from_millis(ms)),
+            },
             beanstalk_addr: self.beanstalk_addr,
             beanstalk_namespace: self
                 .beanstalk_namespace

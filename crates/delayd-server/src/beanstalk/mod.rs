@@ -38,9 +38,9 @@ use commands::Connection;
 use wire::{read_body, read_line, ReadError, Request};
 
 /// Serves beanstalkd clients on `listener` until the node's Raft stops, within the HTTP
-/// API's connection limits: at most `http_max_connections` at once, and a connection idle
-/// for `http_idle_timeout_ms` between commands is closed (a `reserve` that is waiting is not
-/// idle).
+/// API's connection limit (`http_max_connections` at once); a connection idle between
+/// commands for `protocol_idle_timeout_ms` (if set) is closed (a `reserve` that is waiting
+/// is not idle).
 pub(crate) async fn serve(listener: TcpListener, service: Service) {
     let tubes = Tubes::default();
     crate::listener::serve(listener, &service, "beanstalk", |stream, peer| {
@@ -54,10 +54,10 @@ async fn connection(service: Service, tubes: Tubes, stream: TcpStream, peer: Soc
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     let mut conn = Connection::new(&service, tubes);
-    let idle = service.config().http.idle_timeout;
+    let idle = service.config().protocol_idle_timeout;
     let max_body = service.config().max_body_bytes;
     loop {
-        let Ok(line) = tokio::time::timeout(idle, read_line(&mut read)).await else {
+        let Some(line) = crate::listener::within(idle, read_line(&mut read)).await else {
             break; // idle too long
         };
         let line = match line {

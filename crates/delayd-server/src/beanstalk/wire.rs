@@ -232,23 +232,24 @@ pub enum ReadError {
     Io,
 }
 
-/// Reads one command line without its `\r\n`; `None` at a clean end between commands.
+/// Reads one command line without its `\r\n`; `None` at a clean end between commands. As
+/// in beanstalkd, only `\r\n` ends a line: a bare `\n` is part of it.
 pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>, ReadError> {
     let mut line = Vec::new();
-    let n = r
-        .take(MAX_LINE_BYTES as u64 + 2)
-        .read_until(b'\n', &mut line)
-        .await
-        .map_err(|_| ReadError::Io)?;
-    match n {
-        0 => Ok(None),
-        _ if line.ends_with(b"\r\n") => {
-            line.truncate(line.len() - 2);
-            Ok(Some(line))
+    loop {
+        let room = (MAX_LINE_BYTES + 2).saturating_sub(line.len());
+        if room == 0 {
+            return Err(ReadError::TooLong);
         }
-        // A bare `\n` ends a line for no beanstalkd command: it is part of an overlong one.
-        _ if n >= MAX_LINE_BYTES + 2 || line.ends_with(b"\n") => Err(ReadError::TooLong),
-        _ => Err(ReadError::Io),
+        let n =
+            r.take(room as u64).read_until(b'\n', &mut line).await.map_err(|_| ReadError::Io)?;
+        if n == 0 {
+            return if line.is_empty() { Ok(None) } else { Err(ReadError::Io) };
+        }
+        if line.ends_with(b"\r\n") {
+            line.truncate(line.len() - 2);
+            return Ok(Some(line));
+        }
     }
 }
 
@@ -371,8 +372,9 @@ mod tests {
         let long = [b'x'; MAX_LINE_BYTES + 10];
         let mut r = tokio::io::BufReader::new(&long[..]);
         assert_eq!(read_line(&mut r).await, Err(ReadError::TooLong));
-        let mut r = tokio::io::BufReader::new(&b"use a\n"[..]);
-        assert_eq!(read_line(&mut r).await, Err(ReadError::TooLong));
+        let mut r = tokio::io::BufReader::new(&b"\nuse a\r\nuse b\n"[..]);
+        assert_eq!(read_line(&mut r).await, Ok(Some(b"\nuse a".to_vec())), "a bare LF is data");
+        assert_eq!(read_line(&mut r).await, Err(ReadError::Io), "cut off mid-line");
 
         let mut r = tokio::io::BufReader::new(&b"abc\r\nabcdef\r\nabcX\r"[..]);
         assert_eq!(read_body(&mut r, 3, 5).await, Ok(Body::Data(b"abc".to_vec())));

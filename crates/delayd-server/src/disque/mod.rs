@@ -38,8 +38,8 @@ use resp::{read_command, ProtocolError, Reply};
 const MAX_BYTES_BEFORE_AUTH: usize = 64 * 1024;
 
 /// Serves Disque clients on `listener` until the node's Raft stops, within the HTTP API's
-/// connection limits: at most `http_max_connections` at once, and a connection idle for
-/// `http_idle_timeout_ms` between commands is closed.
+/// connection limit (`http_max_connections` at once); a connection idle between commands
+/// for `protocol_idle_timeout_ms` (if set) is closed.
 pub(crate) async fn serve(listener: TcpListener, service: Service) {
     crate::listener::serve(listener, &service, "disque", |stream, peer| {
         connection(service.clone(), stream, peer)
@@ -55,14 +55,15 @@ async fn connection(service: Service, stream: TcpStream, peer: SocketAddr) {
         principal: service.config().auth.dev.then_some(Principal::Dev),
         quit: false,
     };
-    let idle = service.config().http.idle_timeout;
+    let idle = service.config().protocol_idle_timeout;
     let mut out = Vec::new();
     loop {
         let max_bytes = match conn.principal {
             Some(_) => service.config().max_request_bytes(),
             None => MAX_BYTES_BEFORE_AUTH,
         };
-        let Ok(next) = tokio::time::timeout(idle, read_command(&mut read, max_bytes)).await else {
+        let Some(next) = crate::listener::within(idle, read_command(&mut read, max_bytes)).await
+        else {
             return; // idle too long
         };
         let command = match next {
