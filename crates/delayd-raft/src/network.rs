@@ -30,8 +30,8 @@
 //! replication is limited by the follower's disk and not by the round trip, and a message
 //! costs one HTTP/2 DATA frame instead of a call's headers, trailers and stream set-up.
 //! Ordering is the HTTP/2 stream's. A reply that does not come within the call's soft time
-//! to live while requests are outstanding ends the stream with an error; openraft then
-//! opens another. A peer of an older build answers `UNIMPLEMENTED`: the connection then
+//! to live (at least [`STREAM_PATIENCE`]) while requests are outstanding ends the stream with
+//! an error; openraft then opens another. A peer of an older build answers `UNIMPLEMENTED`: the connection then
 //! falls back to unary calls for good.
 //!
 //! ## How failures reach openraft
@@ -117,6 +117,15 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// the connection is dropped.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The least time an append stream waits for its next reply while requests are outstanding.
+/// openraft's time to live for a call is one heartbeat (75 ms by default), but a reply on a
+/// pipelined stream comes after the follower has written everything sent before it: under a
+/// burst of large entries that legitimately takes longer, and cutting the stream then would
+/// only make the leader send it all again. Heartbeats travel on calls of their own, so a
+/// patient stream does not delay failure detection; a dead connection is closed by HTTP/2
+/// keep-alive.
+const STREAM_PATIENCE: Duration = Duration::from_secs(2);
 
 /// The first and the longest pause after a peer was found unreachable.
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
@@ -390,7 +399,7 @@ impl GrpcConnection {
             + 'static,
     {
         let mut client = self.client()?;
-        let patience = option.soft_ttl();
+        let patience = option.soft_ttl().max(STREAM_PATIENCE);
         let target = self.target;
         let progress = Arc::new(StreamProgress::default());
         // The fault filter judges each request as it is sent: a link cut mid-stream ends it.
