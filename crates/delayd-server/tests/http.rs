@@ -130,10 +130,20 @@ impl Client {
     }
 
     /// The last applied Raft log index: unchanged means nothing was written.
+    /// The applied index once everything in the log is applied. openraft publishes its
+    /// metrics after it answers a write, so an index read right after an answer may lag it.
     async fn applied(&self) -> u64 {
-        let (status, v) = self.get("/health").await;
-        assert_eq!(status, StatusCode::OK, "{v}");
-        v["last_applied"].as_u64().unwrap()
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (status, v) = self.get("/health").await;
+            assert_eq!(status, StatusCode::OK, "{v}");
+            let applied = v["last_applied"].as_u64().unwrap();
+            if Some(applied) == v["last_log_index"].as_u64() {
+                return applied;
+            }
+            assert!(Instant::now() < deadline, "the log is not applied: {v}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
 
