@@ -23,6 +23,7 @@ pub(crate) async fn health(State(s): State<Service>) -> Response {
         "state": h.state,
         "leader": h.leader,
         "term": h.term,
+        "last_log_index": h.last_log_index,
         "last_applied": h.last_applied,
     }))
     .into_response()
