@@ -48,10 +48,16 @@ pub(super) struct Connection {
 
 /// Whether a reply is one of beanstalkd's errors (for metrics).
 pub(super) fn is_error(reply: &[u8]) -> bool {
-    [&b"BAD_FORMAT"[..], b"UNKNOWN_COMMAND", b"INTERNAL_ERROR", b"OUT_OF_MEMORY"]
-        .iter()
-        .chain([&b"EXPECTED_CRLF"[..], b"JOB_TOO_BIG", b"DRAINING"].iter())
-        .any(|e| reply.starts_with(e))
+    const ERRORS: [&[u8]; 7] = [
+        b"BAD_FORMAT",
+        b"UNKNOWN_COMMAND",
+        b"INTERNAL_ERROR",
+        b"OUT_OF_MEMORY",
+        b"EXPECTED_CRLF",
+        b"JOB_TOO_BIG",
+        b"DRAINING",
+    ];
+    ERRORS.iter().any(|e| reply.starts_with(e))
 }
 
 /// A service error as beanstalkd would answer it. beanstalkd has no "unavailable": a
