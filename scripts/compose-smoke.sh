@@ -10,8 +10,9 @@ project=delayd-smoke
 compose() { docker-compose -p "$project" "$@"; }
 trap 'compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
 
-# The same admin token on every node; a namespace token for the data plane.
+# The same admin token and cluster secret on every node; a namespace token for the data plane.
 export DELAYD_ADMIN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+export DELAYD_CLUSTER_SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 scripts/docker-image.sh
 compose up -d
 
@@ -25,6 +26,16 @@ while :; do
   sleep 0.5
 done
 echo "cluster formed, leader: node $leader"
+
+# The image's health check (delayd probe → /ready) turns every container healthy.
+deadline=$((SECONDS + 60))
+for n in 1 2 3; do
+  until [ "$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "delayd$n")")" = healthy ]; do
+    [ $SECONDS -lt $deadline ] || { echo "delayd$n never became healthy"; compose logs --tail 50; exit 1; }
+    sleep 0.5
+  done
+done
+echo "all three containers healthy"
 
 code=$(curl -s -o /dev/null -w '%{http_code}' -X PUT 'localhost:7771/api/smoke/q' -d x)
 [ "$code" = 401 ] || { echo "a publish without a token answered $code, not 401"; exit 1; }

@@ -173,6 +173,11 @@ impl Server {
         Ok(())
     }
 
+    /// Waits for the process to exit (after a signal sent with [`Server::signal`]).
+    pub fn wait(&mut self) -> Result<std::process::ExitStatus> {
+        Ok(self.child.wait()?)
+    }
+
     /// SIGTERM, then waits for a clean exit.
     pub fn terminate(&mut self) -> Result<std::process::ExitStatus> {
         self.signal("TERM")?;
@@ -181,15 +186,26 @@ impl Server {
 
     /// Starts a new process with the same flags, data directory and ports.
     pub async fn restart(&self) -> Result<Server> {
+        self.restart_with(self.args.clone()).await
+    }
+
+    /// The flags this process was started with (ports and data directory included).
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
+    /// Starts a new process on the same data directory and ports with the flags `args`
+    /// (the old process must be gone).
+    pub async fn restart_with(&self, args: Vec<String>) -> Result<Server> {
         let mut server = Server {
-            child: Self::launch(&self.args, &self.log)?,
+            child: Self::launch(&args, &self.log)?,
             url: self.url.clone(),
             id: self.id,
             grpc: self.grpc.clone(),
             port: self.port,
             data_dir: self.data_dir.clone(),
             log: self.log.clone(),
-            args: self.args.clone(),
+            args,
         };
         server.wait_ready().await?;
         Ok(server)

@@ -44,23 +44,23 @@ fn bad_settings_stop_delayd_with_the_key_named() -> Result<()> {
 }
 
 /// Found by review: founding nodes without a configured admin token each generated their own,
-/// refused one another (the admin token is the cluster credential) and never formed a cluster,
-/// with only a warning in the log. Now such a node does not start, and says what to set.
+/// refused one another (without a cluster secret the admin token is the cluster credential)
+/// and never formed a cluster, with only a warning in the log. Now such a node does not start,
+/// and says what to set.
 #[test]
-fn a_cluster_node_without_an_admin_token_refuses_to_start() -> Result<()> {
+fn a_cluster_node_without_a_cluster_credential_refuses_to_start() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("node1");
     let data = data.display().to_string();
     let peers = "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3";
     let err = refused(&["--data-dir", &data, "--peers", peers], &[])?;
     ensure!(
-        err.contains("peers lists 3 members but no admin token is configured")
-            && err
-                .contains("every node of a cluster needs the same admin_token or admin_token_file"),
+        err.contains("peers lists 3 members but no cluster credential is configured")
+            && err.contains("every node of a cluster needs the same cluster_secret"),
         "{err}"
     );
     let err = refused(&["--data-dir", &data, "--node-id", "4", "--join"], &[])?;
-    ensure!(err.contains("join is set but no admin token is configured"), "{err}");
+    ensure!(err.contains("join is set but no cluster credential is configured"), "{err}");
     ensure!(!dir.path().join("node1/admin-token").exists(), "no token was generated");
     Ok(())
 }

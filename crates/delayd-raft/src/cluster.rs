@@ -219,6 +219,7 @@ impl Cluster {
             inbox: self.inner.inbox.clone(),
             forward: Arc::new(Handler(Arc::downgrade(&self.inner))),
             secret: self.inner.config.cluster_secret.clone(),
+            previous_secrets: self.inner.config.previous_cluster_secrets.clone(),
         };
         let routes = server::routes(services, extra);
         let mut stop = self.inner.shutdown.subscribe();

@@ -31,9 +31,12 @@ pub struct ClusterConfig {
     pub initial_members: BTreeMap<u64, String>,
     /// Start without forming a cluster and wait to be added by the leader.
     pub join: bool,
-    /// The credential peers show each other on the internal services; `None` leaves them
+    /// The credential this node shows its peers on the internal services; `None` leaves them
     /// open (development only).
     pub cluster_secret: Option<String>,
+    /// Other credentials peers may show, beside `cluster_secret`: while the secret is rotated
+    /// node by node, the old and the new one are both accepted (see `docs/operations.md`).
+    pub previous_cluster_secrets: Vec<String>,
     /// Raft's timing.
     pub timing: Timing,
     /// How the proposer packs and times entries.
@@ -103,6 +106,7 @@ impl Default for ClusterConfig {
             initial_members: BTreeMap::new(),
             join: false,
             cluster_secret: None,
+            previous_cluster_secrets: Vec::new(),
             timing: Timing::default(),
             proposer: ProposerConfig {
                 max_batch: 512,

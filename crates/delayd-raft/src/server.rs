@@ -62,27 +62,37 @@ pub trait ForwardHandler: Send + Sync + 'static {
 /// Metadata key of the cluster credential on `Raft` and `Internal` calls.
 pub const CLUSTER_HEADER: &str = "x-delayd-cluster";
 
-/// Refuses `Raft` and `Internal` calls that do not carry the cluster credential.
+/// Refuses `Raft` and `Internal` calls that do not carry a cluster credential.
 #[derive(Clone)]
 pub struct ClusterGuard {
-    secret: Option<Arc<str>>,
+    /// The credentials accepted: the node's own, then any still accepted during a rotation.
+    /// Empty: the services are open.
+    secrets: Arc<[String]>,
     /// When a refusal was last logged (unix s): a misconfigured peer retries many times a
     /// second, one warning per interval is enough to find it.
     last_warning: Arc<AtomicU64>,
 }
 
 impl ClusterGuard {
-    /// A guard requiring `secret` (`None`: open).
-    pub fn new(secret: Option<String>) -> ClusterGuard {
-        ClusterGuard { secret: secret.map(Arc::from), last_warning: Arc::default() }
+    /// A guard requiring `secret` or one of `previous` (no `secret`: open).
+    pub fn new(secret: Option<String>, previous: Vec<String>) -> ClusterGuard {
+        let secrets = match secret {
+            Some(secret) => std::iter::once(secret).chain(previous).collect(),
+            None => Arc::from([]),
+        };
+        ClusterGuard { secrets, last_warning: Arc::default() }
     }
 }
 
 impl tonic::service::Interceptor for ClusterGuard {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(secret) = &self.secret else { return Ok(request) };
+        if self.secrets.is_empty() {
+            return Ok(request);
+        }
         let shown = request.metadata().get(CLUSTER_HEADER).and_then(|v| v.to_str().ok());
-        if shown.is_some_and(|s| same(s, secret)) {
+        // Every candidate is compared, so the time taken does not tell which one matched.
+        let matched = shown.map_or(0, |s| self.secrets.iter().filter(|k| same(s, k)).count());
+        if matched > 0 {
             return Ok(request);
         }
         let now = std::time::SystemTime::now()
@@ -91,7 +101,7 @@ impl tonic::service::Interceptor for ClusterGuard {
         if now.saturating_sub(self.last_warning.swap(now, Ordering::Relaxed)) >= 10 {
             tracing::warn!(
                 "refused an internal call without the cluster credential: every node of a \
-                 cluster needs the same cluster secret (the admin token)"
+                 cluster needs the same cluster_secret (or one in previous_cluster_secrets)"
             );
         }
         Err(Status::unauthenticated("internal services need the cluster credential"))
@@ -114,13 +124,15 @@ pub struct Services {
     pub forward: Arc<dyn ForwardHandler>,
     /// The credential peers must show; `None` leaves the internal services open.
     pub secret: Option<String>,
+    /// Further credentials accepted beside `secret`, during a rotation.
+    pub previous_secrets: Vec<String>,
 }
 
 /// The node's internal services beside `extra` (the owner's own services, if any), ready to
 /// serve.
 pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
-    let Services { raft, inbox, forward, secret } = services;
-    let guard = ClusterGuard::new(secret);
+    let Services { raft, inbox, forward, secret, previous_secrets } = services;
+    let guard = ClusterGuard::new(secret, previous_secrets);
     let raft = RaftServer::new(RaftService { raft, inbox })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -275,5 +287,35 @@ impl Internal for InternalService {
     async fn forward(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let payload = self.handler.forward(request.into_inner().payload).await?;
         Ok(Response::new(RaftReply { payload }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::service::Interceptor;
+    use tonic::Code;
+
+    use super::*;
+
+    fn call(guard: &mut ClusterGuard, shown: Option<&str>) -> Result<(), Code> {
+        let mut request = Request::new(());
+        if let Some(s) = shown {
+            let value = s.parse().expect("ascii");
+            request.metadata_mut().insert(CLUSTER_HEADER, value);
+        }
+        guard.call(request).map(drop).map_err(|s| s.code())
+    }
+
+    #[test]
+    fn the_guard_accepts_the_secret_and_the_previous_ones_during_a_rotation() {
+        let mut guard =
+            ClusterGuard::new(Some("new-secret-0123456".into()), vec!["old-secret-0123456".into()]);
+        assert_eq!(call(&mut guard, Some("new-secret-0123456")), Ok(()));
+        assert_eq!(call(&mut guard, Some("old-secret-0123456")), Ok(()), "still accepted");
+        assert_eq!(call(&mut guard, Some("other-secret-01234")), Err(Code::Unauthenticated));
+        assert_eq!(call(&mut guard, None), Err(Code::Unauthenticated));
+
+        let mut open = ClusterGuard::new(None, Vec::new());
+        assert_eq!(call(&mut open, None), Ok(()), "no secret: development only");
     }
 }

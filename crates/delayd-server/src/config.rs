@@ -73,6 +73,9 @@ pub struct Config {
     pub beanstalk_addr: Option<SocketAddr>,
     /// The namespace beanstalkd clients' tubes live in.
     pub beanstalk_namespace: String,
+    /// Most log entries a node's applied state may trail what the cluster has committed
+    /// while `/ready` still answers 200.
+    pub ready_max_lag: u64,
     /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
     /// it to inject clock skew; never enable it in production.
     pub debug_clock: bool,
@@ -112,6 +115,7 @@ impl Default for Config {
             protocol_idle_timeout: None,
             beanstalk_addr: None,
             beanstalk_namespace: "beanstalk".into(),
+            ready_max_lag: 1000,
             debug_clock: false,
         }
     }
@@ -134,14 +138,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         // Node id, members, timeouts and batching: the cluster's rules.
         self.cluster().validate()?;
-        if let Some(t) = &self.auth.admin_token {
-            if t.len() < MIN_ADMIN_TOKEN_LEN || t.chars().any(|c| !c.is_ascii_graphic()) {
-                return Err(format!(
-                    "the admin token must be at least {MIN_ADMIN_TOKEN_LEN} visible ASCII \
-                     characters without spaces"
-                ));
-            }
-        }
+        self.auth.validate()?;
         if self.max_entry_bytes < MIN_ENTRY_BYTES || self.max_entry_bytes > MAX_ENTRY_BYTES {
             return Err(format!(
                 "max_entry_bytes ({}) must be {MIN_ENTRY_BYTES} to {MAX_ENTRY_BYTES} (a quarter \
@@ -202,7 +199,8 @@ impl Config {
             services: self.services(),
             initial_members: self.initial_members.clone(),
             join: self.join,
-            cluster_secret: self.auth.cluster_secret().map(str::to_string),
+            cluster_secret: self.auth.effective_cluster_secret().map(str::to_string),
+            previous_cluster_secrets: self.auth.previous_cluster_secrets.clone(),
             timing: delayd_raft::Timing {
                 heartbeat_ms: self.heartbeat_ms,
                 election_timeout_ms: self.election_timeout_ms,
@@ -252,6 +250,9 @@ pub struct HttpLimits {
     /// Most connections served at once; further ones wait in the kernel's accept backlog
     /// until one closes (see `http/serve.rs`).
     pub max_connections: usize,
+    /// How long a stopping server lets requests in flight finish (long-polls are answered at
+    /// once when the node drains) before it cuts their connections.
+    pub drain_timeout: Duration,
 }
 
 /// The most `http_max_connections` accepted: far beyond any file-descriptor limit, and small
@@ -264,6 +265,7 @@ impl Default for HttpLimits {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 4096,
+            drain_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -277,6 +279,9 @@ impl HttpLimits {
         if self.idle_timeout.is_zero() {
             return Err("http_idle_timeout_ms must be positive".into());
         }
+        if self.drain_timeout.is_zero() {
+            return Err("drain_timeout_ms must be positive".into());
+        }
         if self.max_connections == 0 || self.max_connections > MAX_HTTP_CONNECTIONS {
             return Err(format!("http_max_connections must be 1 to {MAX_HTTP_CONNECTIONS}"));
         }
@@ -289,24 +294,37 @@ impl HttpLimits {
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 
 /// Authentication settings (what they decide is in `service/auth.rs`). The default is secure:
-/// every API but `/health` needs a token,
-/// and without an admin token nothing can create one.
+/// every API but `/health` and `/ready` needs a token, and without an admin token nothing can
+/// create one.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct AuthConfig {
     /// Turn authentication off entirely (the `--dev` flag): for a laptop, never a server.
     pub dev: bool,
     /// The admin credential; `None` leaves the admin and token APIs closed.
     pub admin_token: Option<String>,
+    /// Further admin credentials accepted beside `admin_token`: while the admin token is
+    /// rotated, clients holding the old one keep working until the rotation ends.
+    pub previous_admin_tokens: Vec<String>,
+    /// The credential nodes show each other on the internal services. `None`: the admin
+    /// token, as before this setting existed, so that a cluster upgraded in place keeps
+    /// forming; but then rotating the admin token would split the cluster.
+    pub cluster_secret: Option<String>,
+    /// Further cluster credentials accepted from peers beside the node's own, during a
+    /// rotation of the cluster secret.
+    pub previous_cluster_secrets: Vec<String>,
     /// Serve `/metrics` without a credential (for scrapers on a trusted network).
     pub public_metrics: bool,
 }
 
 impl std::fmt::Debug for AuthConfig {
-    /// The admin token only as present or not: a configuration may end up in a log line.
+    /// Credentials only as how many there are: a configuration may end up in a log line.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuthConfig")
             .field("dev", &self.dev)
             .field("admin_token", &self.admin_token.as_ref().map(|_| "<redacted>"))
+            .field("previous_admin_tokens", &self.previous_admin_tokens.len())
+            .field("cluster_secret", &self.cluster_secret.as_ref().map(|_| "<redacted>"))
+            .field("previous_cluster_secrets", &self.previous_cluster_secrets.len())
             .field("public_metrics", &self.public_metrics)
             .finish()
     }
@@ -316,6 +334,36 @@ impl AuthConfig {
     /// No authentication at all (`--dev`); what tests and benchmarks use.
     pub fn dev() -> AuthConfig {
         AuthConfig { dev: true, ..AuthConfig::default() }
+    }
+
+    /// Checks every credential's shape, naming the setting at fault.
+    fn validate(&self) -> Result<(), String> {
+        let one = |name: &str, t: &str| {
+            if t.len() < MIN_ADMIN_TOKEN_LEN || t.chars().any(|c| !c.is_ascii_graphic()) {
+                Err(format!(
+                    "{name} must be at least {MIN_ADMIN_TOKEN_LEN} visible ASCII characters \
+                     without spaces"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        if let Some(t) = &self.admin_token {
+            one("the admin token", t)?;
+        }
+        for t in &self.previous_admin_tokens {
+            one("each of previous_admin_tokens", t)?;
+        }
+        if let Some(t) = &self.cluster_secret {
+            one("cluster_secret", t)?;
+        }
+        for t in &self.previous_cluster_secrets {
+            one("each of previous_cluster_secrets", t)?;
+        }
+        if self.cluster_secret.is_none() && !self.previous_cluster_secrets.is_empty() {
+            return Err("previous_cluster_secrets needs a cluster_secret beside it".into());
+        }
+        Ok(())
     }
 }
 

@@ -35,9 +35,15 @@ pub enum ServiceError {
     /// A valid credential that does not open what was asked for.
     #[error("{0}")]
     Forbidden(String),
-    /// The token's per-node rate limit is spent for now.
-    #[error("{0}")]
-    RateLimited(String),
+    /// The token's per-node rate limit is spent for now; one more request fits in its budget
+    /// after `retry_after_ms`.
+    #[error("{message}")]
+    RateLimited {
+        /// Which budget is spent.
+        message: String,
+        /// How long until the budget holds a request again, in ms.
+        retry_after_ms: u64,
+    },
     /// A bug or a storage failure.
     #[error("internal error: {0}")]
     Internal(String),

@@ -101,6 +101,7 @@ pub struct Metrics {
     grpc_requests: IntCounterVec,
     grpc_seconds: HistogramVec,
     token_catch_ups: IntCounter,
+    reserves_waiting: IntGauge,
     protocol_requests: IntCounterVec,
     protocol_seconds: HistogramVec,
 
@@ -236,6 +237,11 @@ impl Metrics {
                 "delayd_token_catch_ups_total",
                 "Read barriers a follower ran to check tokens it did not know (shared by the \
                  checks that arrived while one ran).",
+            ))?,
+            reserves_waiting: b.add(IntGauge::new(
+                "delayd_reserves_waiting",
+                "Reserves (long-polls of any protocol) parked on this node until a job is \
+                 ready or their timeout ends.",
             ))?,
             jobs_events,
             timer_lateness: b.add(Histogram::with_opts(
@@ -403,6 +409,11 @@ impl Metrics {
         self.webhook_answer_seconds.with_label_values(&labels).observe(took.as_secs_f64());
         let [ns, q] = labels;
         self.webhook_attempts.with_label_values(&[ns, q, outcome]).inc();
+    }
+
+    /// One more reserve parked waiting for a job (`1`), or one fewer (`-1`).
+    pub(crate) fn reserve_waiting(&self, delta: i64) {
+        self.reserves_waiting.add(delta);
     }
 
     /// Counts one catch-up with the leader for unknown tokens (see `service/auth.rs`).

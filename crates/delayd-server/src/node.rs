@@ -61,12 +61,15 @@ impl Node {
         config.grpc_addr = cluster.config().grpc_addr;
 
         let service = Service::new(config, cluster.clone(), parts);
-        let api = tonic::service::Routes::new(crate::grpc::server(&service));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let api =
+            tonic::service::Routes::new(crate::grpc::server(&service)).add_service(health_service);
         cluster.serve(Some(api)).await?;
         let leader_watch = tokio::spawn(watch_leader(cluster.clone(), metrics));
         let dispatcher = tokio::spawn(crate::push::run(service.clone()));
         let scheduler = tokio::spawn(crate::scheduler::run(service.clone()));
-        let mut tasks = vec![leader_watch, dispatcher, scheduler];
+        let health = tokio::spawn(service.clone().report_health(health));
+        let mut tasks = vec![leader_watch, dispatcher, scheduler, health];
         if let Some(listener) = disque {
             tracing::info!(addr = ?service.config().disque_addr, "serving the Disque protocol");
             tasks.push(tokio::spawn(crate::disque::serve(listener, service.clone())));
@@ -80,10 +83,14 @@ impl Node {
     }
 
     /// Runs a node until `shutdown` completes: binds `config.http_addr` first (so a port in
-    /// use fails before anything starts), starts the node and serves HTTP. On `shutdown` a
-    /// leader first hands leadership over while it still serves HTTP (its clients' writes are
-    /// forwarded to the new leader meanwhile), so the cluster never waits out an election;
-    /// then HTTP stops, then the cluster node.
+    /// use fails before anything starts), starts the node and serves HTTP.
+    ///
+    /// On `shutdown` the node drains: it reports not ready, answers every waiting long-poll
+    /// at once (a consumer learns to go elsewhere instead of holding the stop up for its
+    /// whole timeout), stops accepting HTTP connections and lets the requests in flight
+    /// finish, for at most `http.drain_timeout`. Meanwhile a leader hands leadership over
+    /// (its clients' writes in flight are forwarded to the new leader), so the cluster
+    /// never waits out an election. Then the cluster node stops.
     pub async fn run(
         config: Config,
         shutdown: impl Future<Output = ()>,
@@ -98,12 +105,24 @@ impl Node {
             Ok(addr) => tracing::info!(%addr, "serving HTTP"),
             Err(e) => tracing::warn!(error = %e, "serving HTTP on an address the OS cannot name"),
         }
-        let cluster = node.inner.cluster.clone();
-        let stop = async move {
-            shutdown.await;
-            cluster.step_down().await;
+        let service = node.service().clone();
+        let serving = async {
+            let stop = async {
+                shutdown.await;
+                service.drain();
+            };
+            let served = crate::http::serve_http(listener, node.router(), &limits, stop).await;
+            // Also when serving failed: the step-down below waits for the drain.
+            service.drain();
+            served
         };
-        let served = crate::http::serve_http(listener, node.router(), &limits, stop).await;
+        let mut draining = service.drain_watch();
+        let step_down = async {
+            if draining.wait_for(|d| *d).await.is_ok() {
+                node.cluster().step_down().await;
+            }
+        };
+        let (served, ()) = tokio::join!(serving, step_down);
         node.shutdown().await;
         served.map_err(|e| ServiceError::Internal(format!("HTTP server: {e}")))
     }

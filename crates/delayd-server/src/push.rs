@@ -140,6 +140,11 @@ async fn serve_queue(
             order: ReserveOrder::QueueOrder,
         };
         match service.reserve(&Principal::Admin, request).await {
+            // A stopping node's reserves come back at once: pause rather than spin until the
+            // hand-over ends this worker.
+            Ok(got) if got.deliveries.is_empty() && service.is_draining() => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
             Ok(got) => {
                 let unused = permits.len().saturating_sub(got.deliveries.len());
                 rate.give_back(unused, hook.rate_per_s);

@@ -293,6 +293,12 @@ async fn rate_limits_apply_per_token_and_kind() {
             assert!(v["error"].as_str().unwrap().contains(&format!("{kind} rate limit")), "{v}");
         }
     }
+    // A refusal says when to come back: the budget of one per second refills within 1 s.
+    let (s, _, headers) =
+        t.raw(Method::PUT, "/api/ns1/q", Some((&limited, Via::XToken)), "x").await;
+    if s == StatusCode::TOO_MANY_REQUESTS {
+        assert_eq!(headers.get("retry-after").map(|v| v.to_str().unwrap()), Some("1"));
+    }
     // A reserve counts as a write (it takes a job): with the write budget spent, refused.
     if started.elapsed().as_secs() == 0 {
         let (s, _) = t.call(Method::GET, "/api/ns1/q", Some(&limited)).await;
@@ -303,6 +309,26 @@ async fn rate_limits_apply_per_token_and_kind() {
         assert_eq!(t.call(Method::PUT, "/api/ns1/q", Some(&free)).await.0, StatusCode::CREATED);
         assert_eq!(t.call(Method::PUT, "/api/ns1/q", Some(ADMIN)).await.0, StatusCode::CREATED);
     }
+    t.node.shutdown().await;
+}
+
+/// Rotating the admin token: a node may accept the old token beside the new one, and each
+/// opens everything; a token in neither place opens nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_admin_tokens_are_accepted_beside_the_admin_token() {
+    const OLD: &str = "the-old-admin-token-0123456789";
+    let t = TestNode::start(AuthConfig {
+        admin_token: Some(ADMIN.into()),
+        previous_admin_tokens: vec![OLD.into()],
+        ..AuthConfig::default()
+    })
+    .await;
+    for token in [ADMIN, OLD] {
+        assert_eq!(t.call(Method::GET, "/admin/cluster", Some(token)).await.0, StatusCode::OK);
+        assert_eq!(t.call(Method::PUT, "/api/ns/q", Some(token)).await.0, StatusCode::CREATED);
+    }
+    let (s, v) = t.call(Method::GET, "/admin/cluster", Some("not-an-admin-token-0123")).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
     t.node.shutdown().await;
 }
 

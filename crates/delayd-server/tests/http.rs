@@ -1136,3 +1136,50 @@ async fn a_bulk_larger_than_one_log_entry_is_refused_whole() {
     assert_eq!(t.size(Q).await, 20);
     t.stop().await;
 }
+
+/// A single node is ready once it leads; draining turns `/ready` into a 503 that says why,
+/// answers a waiting long-poll at once with lmstfy's "no job available", and makes new ones
+/// answer without waiting. Jobs already ready are still handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_until_draining_and_draining_answers_long_polls_at_once() {
+    let t = TestNode::start().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.get("/ready").await.0 != StatusCode::OK {
+        assert!(Instant::now() < deadline, "never ready: {:?}", t.get("/ready").await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(t.get("/ready").await.1, json!({"ready": true}));
+
+    let waiting = {
+        let client = Client { router: t.node.router() };
+        tokio::spawn(async move {
+            let started = Instant::now();
+            (client.get(&format!("{Q}?timeout=600")).await, started.elapsed())
+        })
+    };
+    // Parked: the gauge counts it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let parked = || t.node.metrics().render(t.node.cluster()).unwrap();
+    while !parked().contains("delayd_reserves_waiting 1") {
+        assert!(Instant::now() < deadline, "the long-poll never parked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    t.node.service().drain();
+    let (answer, took) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the long-poll was not answered")
+        .unwrap();
+    assert_eq!(answer, (StatusCode::NOT_FOUND, json!({"msg": "no job available"})));
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let (status, v) = t.get("/ready").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("stopping"), "{v}");
+
+    let started = Instant::now();
+    t.reserve_none(&format!("{Q}?timeout=600")).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "a new long-poll waited");
+    t.publish(Q, "still served").await;
+    assert_eq!(t.reserve(&format!("{Q}?timeout=600")).await["data"], b64("still served"));
+    t.stop().await;
+}

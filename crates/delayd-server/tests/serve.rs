@@ -44,7 +44,9 @@ async fn shutdown_answers_the_request_in_flight_and_closes_the_rest() {
     let addr = listener.local_addr().expect("addr");
     let (stop_tx, stop) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        let limits = HttpLimits::default();
+        // Patient enough that only the release below ends the request.
+        let limits =
+            HttpLimits { drain_timeout: Duration::from_secs(600), ..HttpLimits::default() };
         serve_http(listener, router, &limits, async {
             let _ = stop.await;
         })
@@ -86,4 +88,46 @@ async fn shutdown_answers_the_request_in_flight_and_closes_the_rest() {
         .expect("the server did not return")
         .expect("the server task panicked")
         .expect("serve_http failed");
+}
+
+/// A request that never finishes cannot hold a stopping server past its drain timeout: its
+/// connection is cut and `serve_http` returns.
+#[tokio::test]
+async fn a_request_still_in_flight_after_the_drain_timeout_is_cut_off() {
+    let (entered_tx, mut entered) = mpsc::channel::<()>(1);
+    let router = Router::new().route(
+        "/forever",
+        get(move || {
+            let entered = entered_tx.clone();
+            async move {
+                let _ = entered.send(()).await;
+                std::future::pending::<&str>().await
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop_tx, stop) = oneshot::channel::<()>();
+    let drain = Duration::from_millis(300);
+    let server = tokio::spawn(async move {
+        let limits = HttpLimits { drain_timeout: drain, ..HttpLimits::default() };
+        serve_http(listener, router, &limits, async {
+            let _ = stop.await;
+        })
+        .await
+    });
+    let mut stuck = TcpStream::connect(addr).await.expect("connect");
+    stuck.write_all(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+    timeout(WITHIN, entered.recv()).await.expect("the handler was not entered");
+
+    let stopped_at = tokio::time::Instant::now();
+    stop_tx.send(()).expect("the server is running");
+    timeout(WITHIN, server)
+        .await
+        .expect("the server waited for a request that never ends")
+        .expect("the server task panicked")
+        .expect("serve_http failed");
+    assert!(stopped_at.elapsed() >= drain, "cut before the drain timeout");
+    let rest = read_to_close(&mut stuck).await;
+    assert!(rest.is_empty(), "the cut connection got an answer: {rest}");
 }

@@ -480,6 +480,11 @@ impl StateReader {
         self.shared.try_view()
     }
 
+    /// Whether a snapshot is being installed now (the state is half-written meanwhile).
+    pub fn installing(&self) -> bool {
+        matches!(self.shared.install_gate.try_read(), Err(TryLockError::WouldBlock))
+    }
+
     /// How much space the database takes now (RocksDB properties, cheap to read).
     pub fn storage_sizes(&self) -> Result<StorageSizes, StoreError> {
         db::sizes(&self.shared.db)

@@ -1,6 +1,7 @@
 //! `delayd`: run one node. With no arguments it is a single-node cluster with its data in
 //! `./data`, serving lmstfy's HTTP API on port 7777.
 
+mod probe;
 mod settings;
 
 use std::path::PathBuf;
@@ -29,11 +30,24 @@ struct Args {
     config: Option<PathBuf>,
     #[command(flatten)]
     settings: Settings,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+/// What `delayd` does besides running a node (with no subcommand it runs one).
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Ask a node whether it is ready (`/ready`): exit 0 if it is, 1 with its reason if not.
+    /// The container image's health check.
+    Probe(probe::ProbeArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::Probe(probe)) = args.command {
+        return probe::run(probe).await;
+    }
     // Flags over the environment (both from clap), over the file, over the defaults.
     let file = match &args.config {
         Some(path) => Settings::from_file(path)?,

@@ -16,6 +16,10 @@ use delayd_server::config::{parse_members, AuthConfig, HttpLimits, MIN_ADMIN_TOK
 use delayd_server::Config;
 use serde::{Deserialize, Serialize};
 
+/// The keys whose values are credentials: never shown in a log line or an error.
+const SECRET_KEYS: [&str; 4] =
+    ["admin_token", "previous_admin_tokens", "cluster_secret", "previous_cluster_secrets"];
+
 /// Every setting, each optional so that layers can be told apart; see the module docs.
 #[derive(clap::Args, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,6 +135,21 @@ pub struct Settings {
     /// [default: <data_dir>/admin-token].
     #[arg(long, env = "DELAYD_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// Further admin tokens still accepted, comma-separated: the old token while the admin
+    /// token is rotated [default: none].
+    #[arg(long, env = "DELAYD_PREVIOUS_ADMIN_TOKENS", hide_env_values = true)]
+    pub previous_admin_tokens: Option<String>,
+    /// The credential nodes show each other, the same on every node, at least 16 characters
+    /// [default: the admin token].
+    #[arg(long, env = "DELAYD_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+    /// File holding the cluster secret (instead of cluster_secret) [default: none].
+    #[arg(long, env = "DELAYD_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Further cluster secrets accepted from peers, comma-separated: the old one while the
+    /// cluster secret is rotated [default: none].
+    #[arg(long, env = "DELAYD_PREVIOUS_CLUSTER_SECRETS", hide_env_values = true)]
+    pub previous_cluster_secrets: Option<String>,
     /// Serve /metrics without a credential [default: false].
     #[arg(long, env = "DELAYD_PUBLIC_METRICS", num_args = 0..=1, default_missing_value = "true",
           value_parser = BoolishValueParser::new())]
@@ -142,6 +161,14 @@ pub struct Settings {
     #[arg(long, env = "DELAYD_LOG_JSON", num_args = 0..=1, default_missing_value = "true",
           value_parser = BoolishValueParser::new())]
     pub log_json: Option<bool>,
+    /// How long a stopping node (SIGTERM) waits for requests in flight after answering
+    /// long-polls, in ms; what is still running then is cut off [default: 5000].
+    #[arg(long, env = "DELAYD_DRAIN_TIMEOUT_MS")]
+    pub drain_timeout_ms: Option<u64>,
+    /// Most log entries this node may trail the cluster's commit index and still answer
+    /// /ready with 200 [default: 1000].
+    #[arg(long, env = "DELAYD_READY_MAX_LAG")]
+    pub ready_max_lag: Option<u64>,
     /// Test-only: serve /debug/clock to shift this node's clock (chaos testing) [default:
     /// false].
     #[arg(long, env = "DELAYD_DEBUG_CLOCK", num_args = 0..=1, default_missing_value = "true",
@@ -204,9 +231,15 @@ impl Settings {
             dev: Some(false),
             admin_token: None,
             admin_token_file: None,
+            previous_admin_tokens: None,
+            cluster_secret: None,
+            cluster_secret_file: None,
+            previous_cluster_secrets: None,
             public_metrics: Some(false),
             log_level: Some("info,openraft=warn".into()),
             log_json: Some(false),
+            drain_timeout_ms: Some(millis(c.http.drain_timeout)),
+            ready_max_lag: Some(c.ready_max_lag),
             debug_clock: Some(false),
         }
     }
@@ -222,8 +255,10 @@ impl Settings {
             beanstalk_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
             max_in_flight, batch_linger_us,
             tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
-            election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token, admin_token_file, public_metrics,
-            log_level, log_json, debug_clock,
+            election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token,
+            admin_token_file, previous_admin_tokens, cluster_secret, cluster_secret_file,
+            previous_cluster_secrets, public_metrics, log_level, log_json, drain_timeout_ms,
+            ready_max_lag, debug_clock,
         )
     }
 
@@ -242,20 +277,28 @@ impl Settings {
                 .span()
                 .map_or(0, |s| text[..s.start.min(text.len())].rfind('\n').map_or(0, |i| i + 1));
             let line = text[line_start..].lines().next().unwrap_or("");
-            if line.trim_start().starts_with("admin_token") {
+            let secret = SECRET_KEYS.iter().find(|k| line.trim_start().starts_with(**k));
+            if let Some(key) = secret {
                 let n = text[..line_start].lines().count() + 1;
-                anyhow::anyhow!("line {n}: admin_token must be a string (value not shown)")
+                anyhow::anyhow!("line {n}: {key} must be a string (value not shown)")
             } else {
                 anyhow::anyhow!("{}", e.to_string().trim_end())
             }
         })
     }
 
-    /// The settings as they will be used, for the start-up log: the admin token redacted.
+    /// The settings as they will be used, for the start-up log: every credential redacted.
     pub fn redacted(&self) -> Settings {
         let mut s = self.clone();
-        if s.admin_token.is_some() {
-            s.admin_token = Some("<redacted>".into());
+        for secret in [
+            &mut s.admin_token,
+            &mut s.previous_admin_tokens,
+            &mut s.cluster_secret,
+            &mut s.previous_cluster_secrets,
+        ] {
+            if secret.is_some() {
+                *secret = Some("<redacted>".into());
+            }
         }
         s
     }
@@ -305,6 +348,11 @@ impl Settings {
                 millis(d.http.idle_timeout),
             )?),
             max_connections: self.http_max_connections.unwrap_or(d.http.max_connections),
+            drain_timeout: Duration::from_millis(positive(
+                "drain_timeout_ms",
+                self.drain_timeout_ms,
+                millis(d.http.drain_timeout),
+            )?),
         };
         let max_body_bytes = self.max_body_bytes.unwrap_or(d.max_body_bytes);
         if max_body_bytes == 0 {
@@ -322,21 +370,32 @@ impl Settings {
             t => t.clone(),
         };
         let join = self.join.unwrap_or(d.join);
-        // The admin token is also the credential nodes show each other (see
-        // `AuthConfig::cluster_secret`): nodes that each generated their own would refuse one
-        // another and the cluster would never form. A joining node must talk to a running
-        // cluster, so it needs the cluster's token too. An explicit admin_token_file is
-        // trusted: it may be one file the nodes share, created by whichever starts first.
+        if self.cluster_secret.is_some() && self.cluster_secret_file.is_some() {
+            bail!("give cluster_secret or cluster_secret_file, not both");
+        }
+        let cluster_secret = match &self.cluster_secret_file {
+            Some(path) => Some(read_secret(path, "cluster_secret_file")?),
+            // Empty is unset: compose passes `${DELAYD_CLUSTER_SECRET:-}` through as is.
+            None => self.cluster_secret.clone().filter(|s| !s.is_empty()),
+        };
+        // Nodes show each other the cluster secret, or the admin token when there is none
+        // (see `AuthConfig::effective_cluster_secret`): nodes that each generated their own
+        // admin token would then refuse one another and the cluster would never form. A
+        // joining node must talk to a running cluster, so it needs the cluster's credential
+        // too. An explicit admin_token_file is trusted: it may be one file the nodes share,
+        // created by whichever starts first.
         let cluster = initial_members.len() > 1 || join;
-        if cluster && !dev && admin_token.is_none() && self.admin_token_file.is_none() {
+        let shared = cluster_secret.is_some() || admin_token.is_some();
+        if cluster && !dev && !shared && self.admin_token_file.is_none() {
             let why = if join {
                 "join is set".to_string()
             } else {
                 format!("peers lists {} members", initial_members.len())
             };
             bail!(
-                "{why} but no admin token is configured: every node of a cluster needs the same \
-                 admin_token or admin_token_file (each node would otherwise generate its own)"
+                "{why} but no cluster credential is configured: every node of a cluster needs \
+                 the same cluster_secret (or, failing that, the same admin_token or \
+                 admin_token_file; each node would otherwise generate its own)"
             );
         }
         let config = Config {
@@ -369,6 +428,9 @@ impl Settings {
             auth: AuthConfig {
                 dev,
                 admin_token,
+                previous_admin_tokens: list(self.previous_admin_tokens.as_deref()),
+                cluster_secret,
+                previous_cluster_secrets: list(self.previous_cluster_secrets.as_deref()),
                 public_metrics: self.public_metrics.unwrap_or(false),
             },
             disque_addr: self.disque_addr,
@@ -382,6 +444,7 @@ impl Settings {
                 .beanstalk_namespace
                 .clone()
                 .unwrap_or(d.beanstalk_namespace.clone()),
+            ready_max_lag: self.ready_max_lag.unwrap_or(d.ready_max_lag),
             debug_clock: self.debug_clock.unwrap_or(false),
         };
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -396,6 +459,24 @@ impl Settings {
 
 fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// The items of a comma-separated list, trimmed, empty ones dropped.
+fn list(text: Option<&str>) -> Vec<String> {
+    let items = text.unwrap_or("").split(',').map(str::trim).filter(|t| !t.is_empty());
+    items.map(str::to_string).collect()
+}
+
+/// A credential kept in a file (trailing whitespace dropped); `setting` names the key in
+/// errors, never the content.
+fn read_secret(path: &Path, setting: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{setting}: cannot read {}", path.display()))?;
+    let secret = text.trim().to_string();
+    if secret.is_empty() {
+        bail!("{setting}: {} is empty", path.display());
+    }
+    Ok(secret)
 }
 
 /// The admin token from `path`, or a new random one written there (readable by its owner
@@ -518,21 +599,24 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_node_needs_a_configured_admin_token() {
+    fn a_cluster_node_needs_a_configured_cluster_credential() {
         let config = |toml: &str| {
             Settings::from_toml(toml).and_then(|s| s.over(Settings::defaults()).to_config())
         };
         let three = "peers = \"1=a:1,2=b:2,3=c:3\"\n";
         let err = format!("{:#}", config(three).expect_err("no token"));
         assert!(
-            err.contains("peers lists 3 members but no admin token is configured")
+            err.contains("peers lists 3 members but no cluster credential is configured")
+                && err.contains("the same cluster_secret")
                 && err.contains("admin_token or admin_token_file"),
             "{err}"
         );
         let err = format!("{:#}", config("join = true").expect_err("no token"));
-        assert!(err.contains("join is set but no admin token is configured"), "{err}");
-        // A single node generates its own; a shared token, a token file or dev will do.
+        assert!(err.contains("join is set but no cluster credential is configured"), "{err}");
+        // A single node generates its own; a cluster secret, a shared admin token, a token
+        // file or dev will do.
         for ok in [
+            format!("{three}cluster_secret = \"0123456789abcdef\""),
             String::new(),
             "peers = \"1=a:1\"".into(),
             format!("{three}admin_token = \"0123456789abcdef\""),
@@ -547,7 +631,8 @@ mod tests {
     #[test]
     fn http_limits_come_from_their_keys_and_must_be_positive() {
         let s = Settings::from_toml(
-            "http_header_timeout_ms = 500\nhttp_idle_timeout_ms = 700\nhttp_max_connections = 3",
+            "http_header_timeout_ms = 500\nhttp_idle_timeout_ms = 700\nhttp_max_connections = 3\n\
+             drain_timeout_ms = 900",
         )
         .expect("parse");
         let c = s.over(Settings::defaults()).to_config().expect("valid");
@@ -557,9 +642,16 @@ mod tests {
                 header_timeout: Duration::from_millis(500),
                 idle_timeout: Duration::from_millis(700),
                 max_connections: 3,
+                drain_timeout: Duration::from_millis(900),
             }
         );
-        for key in ["http_header_timeout_ms", "http_idle_timeout_ms", "http_max_connections"] {
+        let keys = [
+            "http_header_timeout_ms",
+            "http_idle_timeout_ms",
+            "http_max_connections",
+            "drain_timeout_ms",
+        ];
+        for key in keys {
             let s = Settings::from_toml(&format!("{key} = 0")).expect("parse");
             let err = format!("{:#}", s.over(Settings::defaults()).to_config().expect_err(key));
             assert!(err.contains(key), "{err}");
@@ -578,6 +670,65 @@ mod tests {
         assert!(shown.contains("\"node_id\":4"));
         let debug = format!("{s:?} {:?}", s.to_config().map(|c| c.auth).ok());
         assert!(!debug.contains("0123456789abcdef") && debug.contains("<redacted>"), "{debug}");
+    }
+
+    #[test]
+    fn credentials_for_rotation_are_lists_and_are_redacted() {
+        let s = Settings::from_toml(
+            "admin_token = \"new-admin-token-0123\"\n\
+             previous_admin_tokens = \"old-admin-token-0123, older-admin-token-01\"\n\
+             cluster_secret = \"new-cluster-secret-01\"\n\
+             previous_cluster_secrets = \"old-cluster-secret-01\"\n",
+        )
+        .expect("parse");
+        let c = s.clone().over(Settings::defaults()).to_config().expect("valid");
+        assert_eq!(c.auth.previous_admin_tokens, ["old-admin-token-0123", "older-admin-token-01"]);
+        assert_eq!(c.auth.cluster_secret.as_deref(), Some("new-cluster-secret-01"));
+        assert_eq!(c.auth.previous_cluster_secrets, ["old-cluster-secret-01"]);
+        let cluster = c.cluster();
+        assert_eq!(cluster.cluster_secret.as_deref(), Some("new-cluster-secret-01"));
+        assert_eq!(cluster.previous_cluster_secrets, ["old-cluster-secret-01"]);
+        let shown = format!("{:?} {:?} {:?}", s.redacted(), c.auth, s);
+        for secret in ["admin-token-0123", "cluster-secret-01", "admin-token-01"] {
+            assert!(!shown.contains(secret), "{secret} shown: {shown}");
+        }
+        // A secret's value never appears in a parse error either.
+        let err = format!(
+            "{:#}",
+            Settings::from_toml("cluster_secret = 1234567890123456789").expect_err("not a string")
+        );
+        assert!(err.contains("cluster_secret must be a string") && !err.contains("12345"), "{err}");
+    }
+
+    #[test]
+    fn the_cluster_secret_defaults_to_the_admin_token_and_comes_from_a_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("cluster-secret");
+        std::fs::write(&file, "secret-from-a-file-0123\n").expect("write");
+        let config = |toml: String| {
+            Settings::from_toml(&toml).and_then(|s| s.over(Settings::defaults()).to_config())
+        };
+        let admin = "admin_token = \"admin-token-0123456\"\n";
+        let c = config(admin.to_string()).expect("valid");
+        assert_eq!(c.cluster().cluster_secret.as_deref(), Some("admin-token-0123456"));
+        let c = config(format!("{admin}cluster_secret_file = {:?}", file.display().to_string()))
+            .expect("valid");
+        assert_eq!(c.cluster().cluster_secret.as_deref(), Some("secret-from-a-file-0123"));
+        // Empty means unset (compose passes an unset variable through as "").
+        let c = config(format!("{admin}cluster_secret = \"\"")).expect("valid");
+        assert_eq!(c.cluster().cluster_secret.as_deref(), Some("admin-token-0123456"));
+        let err = |toml: String| format!("{:#}", config(toml).expect_err("refused"));
+        assert!(err("cluster_secret = \"short\"".into()).contains("cluster_secret must be"));
+        assert!(err("previous_admin_tokens = \"short\"".into()).contains("previous_admin_tokens"));
+        let missing = err("cluster_secret_file = \"/nowhere/secret\"".into());
+        assert!(missing.contains("cluster_secret_file: cannot read /nowhere/secret"), "{missing}");
+        assert!(err(format!(
+            "cluster_secret = \"0123456789abcdef\"\ncluster_secret_file = {:?}",
+            file.display().to_string()
+        ))
+        .contains("not both"));
+        assert!(err("previous_cluster_secrets = \"0123456789abcdef\"".into())
+            .contains("needs a cluster_secret"));
     }
 
     #[test]

@@ -361,7 +361,9 @@ impl Connection {
             if let Some(delivery) = got.deliveries.into_iter().next() {
                 break Ok(self.reserved(delivery));
             }
-            if until.is_some_and(|until| Instant::now() >= until) {
+            // A stopping node answers at once, as if the timeout had run out (also a plain
+            // `reserve`: the client then reconnects to another node).
+            if until.is_some_and(|until| Instant::now() >= until) || self.service.is_draining() {
                 break Ok(line("TIMED_OUT"));
             }
         };

@@ -398,7 +398,8 @@ async fn getjob(
             let jobs = got.iter().map(|d| job_reply(&d.job, counters)).collect();
             return Ok(Reply::Array(Some(jobs)));
         }
-        if nohang || deadline.is_some_and(|d| Instant::now() >= d) {
+        // A stopping node answers at once, as if the timeout had run out.
+        if nohang || deadline.is_some_and(|d| Instant::now() >= d) || s.is_draining() {
             return Ok(Reply::Array(None));
         }
     }

@@ -39,7 +39,7 @@ pub fn status(e: &ServiceError) -> Status {
         ServiceError::Unavailable(_) | ServiceError::NotLeader(_) => Code::Unavailable,
         ServiceError::Unauthenticated(_) => Code::Unauthenticated,
         ServiceError::Forbidden(_) => Code::PermissionDenied,
-        ServiceError::RateLimited(_) => Code::ResourceExhausted,
+        ServiceError::RateLimited { .. } => Code::ResourceExhausted,
         ServiceError::Internal(_) => Code::Internal,
     };
     let mut s = Status::new(code, e.to_string());

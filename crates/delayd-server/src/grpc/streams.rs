@@ -188,6 +188,9 @@ pub(super) async fn push_deliveries(
             _ = async { loop { flow.changed.notified().await; if flow.get().1 { return } } } => return,
         };
         match got {
+            // A stopping node's reserves come back at once: end the stream so that the
+            // client opens another one elsewhere.
+            Ok(got) if got.deliveries.is_empty() && service.is_draining() => break,
             Ok(got) => {
                 let n = got.deliveries.len() as u64;
                 flow.update(|s| s.credit = s.credit.saturating_sub(n));
@@ -209,7 +212,7 @@ pub(super) async fn push_deliveries(
             }
             // Each reserve is one write of the token's budget: a spent budget waits, it does
             // not end the stream.
-            Err(ServiceError::RateLimited(_)) => {
+            Err(ServiceError::RateLimited { .. }) => {
                 tokio::select! {
                     _ = tokio::time::sleep(RATE_LIMITED_PAUSE) => continue,
                     _ = &mut stop => break,

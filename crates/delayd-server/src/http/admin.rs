@@ -29,6 +29,20 @@ pub(crate) async fn health(State(s): State<Service>) -> Response {
     .into_response()
 }
 
+/// `GET /ready`: 200 when this node serves clients now, else 503 with the reason; without a
+/// credential (load balancers and orchestrators ask). See `service/health.rs`.
+pub(crate) async fn ready(State(s): State<Service>) -> Response {
+    match s.readiness() {
+        Ok(()) => Json(json!({"ready": true})).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            Json(json!({"ready": false, "error": why.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
 /// `GET /metrics`: every metric of the node in Prometheus' text format.
 pub(crate) async fn metrics(State(s): State<Service>, parts: Parts) -> ApiResult {
     let text = s.metrics_text(credential(&parts).as_deref()).await?;

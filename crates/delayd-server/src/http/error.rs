@@ -1,7 +1,9 @@
 //! The one place where service errors become HTTP answers: a status code and
-//! `{"error": "..."}`, with `WWW-Authenticate: Bearer` on a 401.
+//! `{"error": "..."}`, with `WWW-Authenticate: Bearer` on a 401 and `Retry-After` on a 429 (when
+//! the token's budget holds a request again) and a 503 (a second: an election or a leadership
+//! hand-over is over well within it, and a shed write may be retried as is).
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -17,7 +19,7 @@ pub fn status(e: &ServiceError) -> StatusCode {
         ServiceError::Conflict(_) => StatusCode::CONFLICT,
         ServiceError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         ServiceError::Forbidden(_) => StatusCode::FORBIDDEN,
-        ServiceError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+        ServiceError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
         ServiceError::Unavailable(_) | ServiceError::NotLeader(_) => {
             StatusCode::SERVICE_UNAVAILABLE
         }
@@ -45,11 +47,28 @@ impl IntoResponse for ApiError {
             tracing::warn!(error = %self.0, "request failed");
         }
         let mut response = (status, Json(json!({ "error": self.0.to_string() }))).into_response();
-        if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert("www-authenticate", HeaderValue::from_static("Bearer"));
+        let headers = response.headers_mut();
+        match &self.0 {
+            ServiceError::Unauthenticated(_) => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ServiceError::RateLimited { retry_after_ms, .. } => {
+                headers
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s(*retry_after_ms)));
+            }
+            ServiceError::Unavailable(_) | ServiceError::NotLeader(_) => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
         }
         response
     }
+}
+
+/// `Retry-After` is in whole seconds: a wait is rounded up, so a client that honours it is
+/// never early, and is at least one second (0 would invite a retry loop).
+pub(crate) fn retry_after_s(ms: u64) -> u64 {
+    ms.div_ceil(1000).max(1)
 }
 
 /// A 400 naming what is wrong.

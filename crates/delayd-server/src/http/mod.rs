@@ -37,8 +37,10 @@ pub fn router(service: &Service) -> Router {
     // A bulk's bodies must fit one log entry together; its JSON framing is small beside them.
     let bulk_limit = DefaultBodyLimit::max(config.max_request_bytes());
     let mut router = Router::new()
-        // Open: liveness, the dashboard's static files (it asks for a token itself).
+        // Open: liveness, readiness, the dashboard's static files (it asks for a token
+        // itself).
         .route("/health", get(admin::health))
+        .route("/ready", get(admin::ready))
         .merge(dashboard::routes())
         // The admin token, or nothing when metrics are public.
         .route("/metrics", get(admin::metrics))

@@ -57,7 +57,8 @@ pub const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
 
 /// Serves `router` on `listener` within `limits` until `shutdown` completes, then stops
 /// accepting, lets in-flight requests finish (idle connections close at once) and returns
-/// when every connection has closed.
+/// when every connection has closed, or once `limits.drain_timeout` has passed: connections
+/// with a request still in flight then are cut off.
 ///
 /// Connections beyond `limits.max_connections` are not accepted: they wait in the kernel's
 /// accept backlog (their requests are answered as soon as a slot frees) rather than being
@@ -74,6 +75,7 @@ pub async fn serve_http(
         .map_err(|_| io::Error::other("http_max_connections is too large"))?;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (cut_tx, cut_rx) = watch::channel(false);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The header timeout is the watchdog's (see the module docs); a timer alone would turn on
     // hyper's default of 30 s, which would also cut idle keep-alive connections.
@@ -111,6 +113,7 @@ pub async fn serve_http(
             router: router.clone(),
             limits: limits.clone(),
             stop: stop_rx.clone(),
+            cut: cut_rx.clone(),
         };
         tokio::spawn(async move {
             conn.serve(tcp).await;
@@ -121,9 +124,21 @@ pub async fn serve_http(
     // Connections still in the backlog are refused; open ones finish what is in flight.
     drop(listener);
     let _ = stop_tx.send(true);
-    let _all_closed = slots.acquire_many(max).await;
+    if tokio::time::timeout(limits.drain_timeout, slots.acquire_many(max)).await.is_err() {
+        let open = max as usize - slots.available_permits();
+        tracing::warn!(
+            connections = open,
+            "requests still in flight after drain_timeout_ms; cutting their connections"
+        );
+        let _ = cut_tx.send(true);
+        // Each connection's task returns as soon as it sees the cut.
+        let _ = tokio::time::timeout(CUT_WAIT, slots.acquire_many(max)).await;
+    }
     Ok(())
 }
+
+/// How long connections cut off at the end of a drain get to close.
+const CUT_WAIT: Duration = Duration::from_secs(1);
 
 /// An accept error: a connection that failed before we took it is the client's problem; a
 /// local one (out of file descriptors, most likely) is waited out rather than spun on.
@@ -142,6 +157,8 @@ struct Connection {
     router: Router,
     limits: HttpLimits,
     stop: watch::Receiver<bool>,
+    /// Set when the drain deadline has passed: the connection is dropped, requests and all.
+    cut: watch::Receiver<bool>,
 }
 
 impl Connection {
@@ -195,6 +212,7 @@ impl Connection {
                     stopping = true;
                     conn.as_mut().graceful_shutdown();
                 }
+                _ = self.cut.wait_for(|cut| *cut) => return,
             }
         }
     }

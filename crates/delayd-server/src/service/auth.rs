@@ -3,7 +3,10 @@
 //! A caller shows one credential; the front end finds it (an HTTP header or `?token=`, gRPC
 //! metadata) and [`Service::authenticate`] turns it into a [`Principal`]:
 //! - the **admin token** from the node's configuration opens everything: the admin API, the
-//!   token API, `/metrics` and every namespace's data plane;
+//!   token API, `/metrics` and every namespace's data plane. Tokens listed in
+//!   `previous_admin_tokens` open the same, so the admin token can be rotated node by node
+//!   while clients move to the new one. Nodes do not authenticate each other with it: they
+//!   show the separate `cluster_secret` (the admin token only when that is not set);
 //! - a **namespace token**, created through the token API and kept in the replicated state
 //!   (so every node agrees on it), opens the data plane of its namespace only, within its
 //!   optional per-node read and write rate limits.
@@ -18,7 +21,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use delayd_core::{query, TokenRecord};
 
@@ -94,18 +97,21 @@ impl AuthConfig {
         self.dev || self.public_metrics
     }
 
-    /// Whether `credential` is the admin token.
+    /// Whether `credential` is the admin token or one still accepted during a rotation.
+    /// Every candidate is compared, so the time taken does not tell which one matched.
     fn is_admin(&self, credential: &str) -> bool {
-        self.admin_token.as_deref().is_some_and(|admin| same(admin, credential))
+        let candidates = self.admin_token.iter().chain(&self.previous_admin_tokens);
+        candidates.filter(|admin| same(admin, credential)).count() > 0
     }
 
-    /// The credential peers show each other on the internal services (the shared admin
-    /// token); `None` with authentication off.
-    pub fn cluster_secret(&self) -> Option<&str> {
+    /// The credential this node shows its peers on the internal services: `cluster_secret`,
+    /// else the admin token (how clusters authenticated before the setting existed); `None`
+    /// with authentication off.
+    pub fn effective_cluster_secret(&self) -> Option<&str> {
         if self.dev {
             None
         } else {
-            self.admin_token.as_deref()
+            self.cluster_secret.as_deref().or(self.admin_token.as_deref())
         }
     }
 }
@@ -156,14 +162,15 @@ struct CatchUps {
 }
 
 impl Auth {
-    /// Takes one request from the token's budget for `access`; false when it is spent.
-    fn admit(&self, token: &str, record: &TokenRecord, access: Access) -> bool {
+    /// Takes one request from the token's budget for `access`; when it is spent, how long
+    /// until it holds one again.
+    fn admit(&self, token: &str, record: &TokenRecord, access: Access) -> Result<(), Duration> {
         let limit = match access {
             Access::Read => record.read_limit,
             Access::Write => record.write_limit,
         };
         if limit == 0 {
-            return true;
+            return Ok(());
         }
         let mut limiters = self.limiters.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let limiter = limiters.entry(token.to_string()).or_default();
@@ -171,7 +178,11 @@ impl Auth {
             Access::Read => &mut limiter.read,
             Access::Write => &mut limiter.write,
         };
-        bucket.take(limit, Instant::now())
+        if bucket.take(limit, Instant::now()) {
+            Ok(())
+        } else {
+            Err(bucket.until_one(limit))
+        }
     }
 
     /// Forgets a deleted token's limiter (every node, as it applies the delete).
@@ -274,14 +285,13 @@ impl Service {
                 )))
             }
             (Principal::Namespace { token, record }, Scope::Namespace(_, access)) => {
-                if self.inner.auth.admit(token, record, access) {
-                    Ok(())
-                } else {
+                self.inner.auth.admit(token, record, access).map_err(|wait| {
                     let kind = if access == Access::Read { "read" } else { "write" };
-                    Err(ServiceError::RateLimited(format!(
-                        "the token's {kind} rate limit is spent; retry shortly"
-                    )))
-                }
+                    ServiceError::RateLimited {
+                        message: format!("the token's {kind} rate limit is spent; retry shortly"),
+                        retry_after_ms: wait.as_millis().try_into().unwrap_or(u64::MAX),
+                    }
+                })
             }
         }
     }

@@ -15,13 +15,15 @@
 //!
 //! The operations are grouped by what they act on: publishing ([`publish`]), reserving with
 //! long-polls ([`reserve`], over the [`waiters`]), single jobs ([`jobs`]), queues and their
-//! dead letters ([`queues`]), tokens ([`tokens`]) and the cluster ([`admin`]).
+//! dead letters ([`queues`]), tokens ([`tokens`]) and the cluster ([`admin`]); readiness and
+//! draining are in [`health`].
 //!
 //! Nothing here names axum or tonic: the service neither knows nor cares how a request
 //! arrived.
 
 pub mod admin;
 pub mod auth;
+pub mod health;
 pub mod jobs;
 pub mod publish;
 pub mod queues;
@@ -37,7 +39,7 @@ use std::sync::{Arc, Weak};
 use delayd_core::{Command, Effects, KvError, Outcome, Reply};
 use delayd_raft::{Cluster, Observer};
 use delayd_store::ReadView;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::config::Config;
 use crate::error::ServiceError;
@@ -74,6 +76,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     webhook_changes: Arc<Notify>,
     schedule_changes: Arc<Notify>,
+    /// Set once the node starts stopping ([`health`]).
+    drain: watch::Sender<bool>,
 }
 
 /// What the service keeps beside the cluster, made before the cluster opens because the
@@ -145,8 +149,16 @@ impl Service {
     /// The service over a started cluster node.
     pub(crate) fn new(config: Config, cluster: Cluster, parts: Parts) -> Service {
         let Parts { waiters, auth, metrics, webhook_changes, schedule_changes } = parts;
-        let inner =
-            Inner { config, cluster, waiters, auth, metrics, webhook_changes, schedule_changes };
+        let inner = Inner {
+            config,
+            cluster,
+            waiters,
+            auth,
+            metrics,
+            webhook_changes,
+            schedule_changes,
+            drain: watch::Sender::new(false),
+        };
         Service { inner: Arc::new(inner) }
     }
 

@@ -100,6 +100,8 @@ impl Service {
             notifies: queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect(),
         };
         let notifies = &guard.notifies;
+        // A stopping node answers its long-polls at once (module `health`).
+        let mut drain = self.drain_watch();
         let mut ack = ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease });
         let mut acked = None;
         // The first attempt always goes to the leader, which answers "nothing ready" from its
@@ -138,9 +140,14 @@ impl Service {
             } else if Instant::now() >= deadline {
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
+            if *drain.borrow_and_update() {
+                return Ok(Reserved { acked, deliveries: Vec::new() });
+            }
+            let _parked = Parked::new(self);
             tokio::select! {
                 _ = select_all(woken) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
+                _ = drain.changed() => {}
             }
         }
     }
@@ -268,6 +275,22 @@ impl Drop for ReserveOutcome<'_> {
             let service = self.service.clone();
             tokio::spawn(async move { service.return_deliveries(undelivered.deliveries).await });
         }
+    }
+}
+
+/// A reserve parked waiting, counted in `delayd_reserves_waiting` while it lives.
+struct Parked<'a>(&'a Service);
+
+impl<'a> Parked<'a> {
+    fn new(service: &'a Service) -> Parked<'a> {
+        service.metrics().reserve_waiting(1);
+        Parked(service)
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.metrics().reserve_waiting(-1);
     }
 }
 
