@@ -32,7 +32,7 @@ use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
 use crate::relay::{Relay, RelayStats};
-use crate::server::{self, ForwardHandler, Services};
+use crate::server::{self, ForwardHandler, LeaderContact, Services};
 
 /// What the node's owner wants to hear about the replicated state.
 pub trait Observer: Send + Sync + 'static {
@@ -64,6 +64,8 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The bound gRPC listener until [`Cluster::serve`] takes it.
     listener: Mutex<Option<TcpListener>>,
+    /// When a leader's AppendEntries was last accepted here.
+    contact: LeaderContact,
 }
 
 /// How long [`Cluster::shutdown`] waits for its tasks (the gRPC server waits for calls in
@@ -199,6 +201,7 @@ impl Cluster {
                 shutdown,
                 tasks: Mutex::new(tasks),
                 listener: Mutex::new(Some(listener)),
+                contact: LeaderContact::default(),
             }),
         })
     }
@@ -220,6 +223,7 @@ impl Cluster {
             forward: Arc::new(Handler(Arc::downgrade(&self.inner))),
             secret: self.inner.config.cluster_secret.clone(),
             previous_secrets: self.inner.config.previous_cluster_secrets.clone(),
+            contact: self.inner.contact.clone(),
         };
         let routes = server::routes(services, extra);
         let mut stop = self.inner.shutdown.subscribe();
@@ -343,6 +347,13 @@ impl Cluster {
             self.read_barrier().await?;
         }
         Ok(self.inner.reader.read_view()?)
+    }
+
+    /// How long ago this node last accepted a leader's AppendEntries (entries or a
+    /// heartbeat); `None` before the first. On a follower, a value past the leader's lease
+    /// means the leader it names may be gone.
+    pub fn since_leader_contact(&self) -> Option<Duration> {
+        self.inner.contact.elapsed()
     }
 
     /// The replica's read handle (for reads that manage their own consistency).

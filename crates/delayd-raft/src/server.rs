@@ -38,7 +38,7 @@ use delayd_proto::raft::{RaftReply, RaftRequest};
 use delayd_store::{Raft, Snapshot, SnapshotInbox, SnapshotMeta, TypeConfig, Vote};
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use openraft::raft::AppendEntriesRequest;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, StreamAppendError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -114,6 +114,36 @@ pub fn same(shown: &str, secret: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// When this node last accepted AppendEntries (entries or a heartbeat) from a leader whose
+/// vote it holds: a follower's only evidence that its leader is still there. openraft keeps
+/// naming a leader that has gone silent until an election succeeds, which without a quorum is
+/// never, so readiness asks this instead.
+#[derive(Clone)]
+pub struct LeaderContact {
+    since: std::time::Instant,
+    /// Milliseconds from `since` to the last contact, plus one; 0: none yet.
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Default for LeaderContact {
+    fn default() -> Self {
+        LeaderContact { since: std::time::Instant::now(), last_ms: Arc::default() }
+    }
+}
+
+impl LeaderContact {
+    fn record(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the last contact was; `None` before the first.
+    pub fn elapsed(&self) -> Option<std::time::Duration> {
+        let last = self.last_ms.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(self.since.elapsed().saturating_sub(std::time::Duration::from_millis(last)))
+    }
+}
+
 /// What the internal server needs from its node.
 pub struct Services {
     /// The local Raft node.
@@ -126,14 +156,16 @@ pub struct Services {
     pub secret: Option<String>,
     /// Further credentials accepted beside `secret`, during a rotation.
     pub previous_secrets: Vec<String>,
+    /// Updated whenever a leader's AppendEntries is accepted.
+    pub contact: LeaderContact,
 }
 
 /// The node's internal services beside `extra` (the owner's own services, if any), ready to
 /// serve.
 pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
-    let Services { raft, inbox, forward, secret, previous_secrets } = services;
+    let Services { raft, inbox, forward, secret, previous_secrets, contact } = services;
     let guard = ClusterGuard::new(secret, previous_secrets);
-    let raft = RaftServer::new(RaftService { raft, inbox })
+    let raft = RaftServer::new(RaftService { raft, inbox, contact })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let raft = InterceptedService::new(raft, guard.clone());
@@ -173,6 +205,7 @@ pub async fn serve(
 struct RaftService {
     raft: Raft,
     inbox: SnapshotInbox,
+    contact: LeaderContact,
 }
 
 fn decode_request<T: DeserializeOwned>(request: Request<RaftRequest>) -> Result<T, Status> {
@@ -191,7 +224,11 @@ impl delayd_proto::raft::raft_server::Raft for RaftService {
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
         let rpc = decode_request(request)?;
-        Ok(reply(&self.raft.append_entries(rpc).await))
+        let result = self.raft.append_entries(rpc).await;
+        if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+            self.contact.record();
+        }
+        Ok(reply(&result))
     }
 
     type StreamAppendStream = BoxStream<'static, Result<RaftReply, Status>>;
@@ -220,10 +257,13 @@ impl delayd_proto::raft::raft_server::Raft for RaftService {
             };
             std::future::ready(rpc)
         });
-        let replies = self
-            .raft
-            .stream_append(requests)
-            .map(|result| Ok(RaftReply { payload: encode(&result) }));
+        let contact = self.contact.clone();
+        let replies = self.raft.stream_append(requests).map(move |result| {
+            if matches!(&result, Ok(Ok(_) | Err(StreamAppendError::Conflict(_)))) {
+                contact.record();
+            }
+            Ok(RaftReply { payload: encode(&result) })
+        });
         Ok(Response::new(Box::pin(replies)))
     }
 

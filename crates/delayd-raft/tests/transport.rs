@@ -63,6 +63,7 @@ impl TestNode {
             forward: Arc::new(Echo(id)),
             secret: None,
             previous_secrets: Vec::new(),
+            contact: Default::default(),
         };
         let routes = server::routes(services, None);
         let server = tokio::spawn(server::serve(listener, routes, async {

@@ -4,8 +4,9 @@
 //! - **Liveness** ([`Service::health`](super::Service::health)) is the process answering at
 //!   all: `/health` answers 200 whatever the node's state, with that state in the body.
 //! - **Readiness** ([`Service::readiness`]) is whether clients sent here are served now. A
-//!   node is ready when it knows a leader (a leader also needs a quorum's recent
-//!   acknowledgement: a leader cut off from its followers cannot commit), its applied state
+//!   node is ready when it knows a leader and has heard from it within the leader's lease (a
+//!   leader needs a quorum's acknowledgement within it: a leader cut off from its followers
+//!   cannot commit, and a follower's silent leader may be gone), its applied state
 //!   trails the cluster's commit index by at most `ready_max_lag` entries, it is not
 //!   installing a snapshot, and it is not draining. `/ready` and gRPC's `grpc.health.v1`
 //!   both report it, with the reason when it is not ready.
@@ -70,8 +71,16 @@ impl Service {
                 }
             }
             ServerState::Shutdown => return not("the node is shut down".into()),
-            _ if leader.is_none() => return not("no leader is known".into()),
-            _ => {}
+            _ => {
+                let Some(leader) = leader else { return not("no leader is known".into()) };
+                // openraft names a silent leader until another is elected, which without a
+                // quorum never happens: what counts is having heard from it within its lease.
+                let heard = self.cluster().since_leader_contact();
+                if heard.is_none_or(|d| d.as_millis() > lease_ms.into()) {
+                    let ago = heard.map_or("never".into(), |d| format!("{} ms ago", d.as_millis()));
+                    return not(format!("last heard from leader {leader} {ago}"));
+                }
+            }
         }
         let lag = committed.saturating_sub(applied);
         let max = self.config().ready_max_lag;
