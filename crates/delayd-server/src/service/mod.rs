@@ -22,6 +22,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod backup;
 pub mod jobs;
 pub mod publish;
 pub mod queues;
