@@ -1,6 +1,7 @@
 //! `delayd`: run one node. With no arguments it is a single-node cluster with its data in
 //! `./data`, serving lmstfy's HTTP API on port 7777.
 
+mod restore;
 mod settings;
 
 use std::path::PathBuf;
@@ -29,11 +30,28 @@ struct Args {
     config: Option<PathBuf>,
     #[command(flatten)]
     settings: Settings,
+    /// Without a command, run the node.
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+/// What `delayd` does other than running a node.
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Build a new data directory from a backup (see docs/backup.md).
+    Restore(restore::RestoreArgs),
+    /// Turn a surviving node's data into a single-node cluster (see docs/backup.md).
+    Recover(restore::RecoverArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    match args.command {
+        Some(Cmd::Restore(a)) => return restore::restore(a),
+        Some(Cmd::Recover(a)) => return restore::recover(a),
+        None => {}
+    }
     // Flags over the environment (both from clap), over the file, over the defaults.
     let file = match &args.config {
         Some(path) => Settings::from_file(path)?,
