@@ -277,15 +277,18 @@ pub fn recover(
         let (_, membership) = shared.applied_state()?;
         let addr = match addr {
             Some(a) => a,
-            None => membership.membership().get_node(&node_id).map(|n| n.addr.clone()).ok_or_else(
-                || {
+            None => membership
+                .membership()
+                .get_node(&node_id)
+                .map(|n| n.addr.clone())
+                .filter(|a| !a.is_empty())
+                .ok_or_else(|| {
                     StoreError::Refused(format!(
                         "node {node_id} is not in this data's membership ({}): check the node \
                          id, or give its address",
                         membership.membership()
                     ))
-                },
-            )?,
+                })?,
         };
         let file = File::create(&export)
             .map_err(|e| StoreError::io(format!("create {}", export.display()), e))?;
@@ -351,4 +354,175 @@ fn copy_other_files(from: &Path, to: &Path) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use futures::StreamExt;
+    use openraft::storage::{
+        EntryResponder, RaftLogReader, RaftLogStorage, RaftLogStorageExt, RaftStateMachine,
+    };
+    use openraft::testing::{blank_ent, log_id};
+
+    use super::*;
+    use crate::{LogStore, StateMachineStore, TypeConfig};
+    use delayd_core::{Cf, KvRead};
+
+    type Dump = Vec<(Cf, Vec<u8>, Vec<u8>)>;
+
+    /// Every application record (the store's reserved keys left out).
+    fn dump(sm: &StateMachineStore) -> Dump {
+        let view = sm.read_view().expect("view");
+        let mut out = Vec::new();
+        for cf in Cf::ALL {
+            view.scan(cf, b"", b"", &mut |k, v| {
+                if !(cf == Cf::Meta && k.starts_with(b"raft/")) {
+                    out.push((cf, k.to_vec(), v.to_vec()));
+                }
+                true
+            })
+            .expect("scan");
+        }
+        out
+    }
+
+    async fn apply(sm: &mut StateMachineStore, entries: Vec<crate::LogEntry>) {
+        let items: Vec<Result<EntryResponder<TypeConfig>, io::Error>> =
+            entries.into_iter().map(|e| Ok((e, None))).collect();
+        RaftStateMachine::apply(sm, futures::stream::iter(items).boxed()).await.expect("apply");
+    }
+
+    /// A store with data, applied up to (3, node 2, index 2), membership {1, 2, 3}.
+    async fn source(dir: &Path) -> (LogStore, StateMachineStore) {
+        let (log, mut sm) = Store::open(dir).expect("open");
+        let db = &sm.shared.db;
+        db.put_cf(db::cf(db, Cf::Jobs.name()).expect("cf"), b"job-1", b"one").expect("put");
+        db.put_cf(db::cf(db, Cf::Meta.name()).expect("cf"), b"clock", b"42").expect("put");
+        let nodes: BTreeMap<NodeId, BasicNode> =
+            [(1, "a:1"), (2, "b:2"), (3, "c:3")].map(|(id, a)| (id, BasicNode::new(a))).into();
+        let membership = Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes).expect("valid");
+        let first = openraft::Entry {
+            log_id: log_id::<TypeConfig>(3, 2, 1),
+            payload: openraft::EntryPayload::Membership(membership),
+        };
+        apply(&mut sm, vec![first, blank_ent::<TypeConfig>(3, 2, 2)]).await;
+        (log, sm)
+    }
+
+    fn export(sm: &StateMachineStore, path: &Path) -> SnapshotMeta {
+        let file = File::create(path).expect("create");
+        let mut out = BufWriter::new(file);
+        let meta = sm.reader().export(&mut out, |_, _| {}).expect("export");
+        out.flush().expect("flush");
+        meta
+    }
+
+    #[tokio::test]
+    async fn a_restore_holds_the_data_under_a_new_membership_and_a_fresh_log() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, sm) = source(&dir.path().join("src")).await;
+        let file = dir.path().join("b.snap");
+        let meta = export(&sm, &file);
+        assert_eq!(meta.last_log_id, Some(log_id::<TypeConfig>(3, 2, 2)));
+        assert_eq!(verify_file(&file).expect("verify").records, 2);
+
+        let members = BTreeMap::from([(1, "a:1".to_string()), (5, "e:5".to_string())]);
+        let target = dir.path().join("new");
+        let restored = restore(&file, &target, 5, &members).expect("restore");
+        assert_eq!(restored.term, 4);
+
+        let (mut log, mut new) = Store::open(&target).expect("reopen");
+        assert_eq!(dump(&new), dump(&sm));
+        let (applied, membership) = new.applied_state().await.expect("state");
+        assert_eq!(applied, meta.last_log_id);
+        assert_eq!(membership.log_id(), &meta.last_log_id);
+        assert_eq!(membership.membership().voter_ids().collect::<Vec<_>>(), [1, 5]);
+        assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(4, 5)));
+        let state = log.get_log_state().await.expect("log state");
+        assert_eq!((state.last_purged_log_id, state.last_log_id), (applied, applied));
+        assert!(log.try_get_log_entries(..).await.expect("entries").is_empty());
+        // The current snapshot is a file whose own header names the new membership.
+        let current = new.get_current_snapshot().await.expect("current").expect("some");
+        assert_eq!(current.meta.last_membership, membership);
+        let record = lock_current(&new);
+        let in_file = verify_file(&new.shared.dir.path(&record)).expect("verify");
+        assert_eq!(in_file.meta, current.meta);
+    }
+
+    fn lock_current(sm: &StateMachineStore) -> String {
+        let snapshot: Option<SnapshotRecord> =
+            db::get_decoded(&sm.shared.db, CF_RAFT_META, meta_key::SNAPSHOT).expect("get");
+        snapshot.expect("a current snapshot").file
+    }
+
+    #[tokio::test]
+    async fn a_restore_refuses_used_directories_foreign_ids_and_damaged_files() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, sm) = source(&dir.path().join("src")).await;
+        let file = dir.path().join("b.snap");
+        export(&sm, &file);
+        let one = BTreeMap::from([(1, "a:1".to_string())]);
+        let err = |r: Result<Restored, StoreError>| r.expect_err("refused").to_string();
+
+        assert!(err(restore(&file, &dir.path().join("src"), 1, &one)).contains("is not empty"));
+        let target = dir.path().join("new");
+        assert!(err(restore(&file, &target, 2, &one)).contains("node 2 is not one of"));
+        let mut bytes = fs::read(&file).expect("read");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&file, &bytes).expect("write");
+        assert!(err(restore(&file, &target, 1, &one)).contains("checksum mismatch"));
+        fs::write(&file, &bytes[..bytes.len() / 2]).expect("write");
+        assert!(err(restore(&file, &target, 1, &one)).contains("truncated"));
+        assert!(!target.exists(), "a refused restore creates nothing");
+    }
+
+    #[tokio::test]
+    async fn recovery_applies_the_log_the_survivor_holds_and_keeps_the_old_data() {
+        let dir = tempfile::tempdir().expect("dir");
+        let data = dir.path().join("node2");
+        {
+            let (mut log, mut sm) = source(&data).await;
+            // Entries 3..=5 in the log; 3 known committed, none applied.
+            log.blocking_append((3..=5).map(|i| blank_ent::<TypeConfig>(3, 2, i)))
+                .await
+                .expect("append");
+            log.save_committed(Some(log_id::<TypeConfig>(3, 2, 3))).await.expect("commit");
+            let (applied, _) = sm.applied_state().await.expect("state");
+            assert_eq!(applied.map(|l| l.index), Some(2));
+            fs::write(data.join("admin-token"), "0123456789abcdef\n").expect("token");
+        }
+        let copy = dir.path().join("copy");
+        copy_tree(&data, &copy);
+
+        let r = recover(&data, 2, None, Tail::Keep).expect("recover");
+        assert_eq!((r.applied_before, r.committed, r.last_log_index), (Some(2), Some(3), Some(5)));
+        assert_eq!((r.applied_index, r.discarded, r.addr.as_str()), (Some(5), 0, "b:2"));
+        assert!(r.previous.join("db").is_dir());
+        assert!(data.join("admin-token").is_file());
+        let (_log, mut sm) = Store::open(&data).expect("open");
+        let (applied, membership) = sm.applied_state().await.expect("state");
+        assert_eq!(applied.map(|l| l.index), Some(5));
+        assert_eq!(membership.membership().voter_ids().collect::<Vec<_>>(), [2]);
+        drop((_log, sm));
+
+        let r = recover(&copy, 2, Some("x:9".into()), Tail::DiscardUncommitted).expect("recover");
+        assert_eq!((r.applied_index, r.discarded, r.addr.as_str()), (Some(3), 2, "x:9"));
+        assert!(recover(&dir.path().join("none"), 2, None, Tail::Keep).is_err());
+    }
+
+    fn copy_tree(from: &Path, to: &Path) {
+        fs::create_dir_all(to).expect("mkdir");
+        for entry in fs::read_dir(from).expect("list") {
+            let entry = entry.expect("entry");
+            let dest = to.join(entry.file_name());
+            if entry.path().is_dir() {
+                copy_tree(&entry.path(), &dest);
+            } else {
+                fs::copy(entry.path(), dest).expect("copy");
+            }
+        }
+    }
 }
