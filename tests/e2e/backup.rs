@@ -120,7 +120,7 @@ async fn load(api: Api, stop: Arc<AtomicBool>, log: Arc<Mutex<Vec<Loaded>>>) -> 
         });
         let (st, v) = api.get("/api/bk/load?ttr=3600").await?;
         ensure!(st == 200, "reserve: {st} {v}");
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             let got = s(&v, "job_id")?;
             let (st, v) = api.delete(&format!("/api/bk/load/job/{got}")).await?;
             ensure!(st == 204 || st == 200, "ack: {st} {v}");

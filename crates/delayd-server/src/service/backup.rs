@@ -80,7 +80,7 @@ impl Service {
             let out = ChunkWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK_BYTES) };
             let exported = reader.export(out, |meta, view| {
                 let digest = digest.then(|| super::admin::digest_of(view)).transpose();
-                let _ = started_tx.send((meta.last_log_id.clone(), digest));
+                let _ = started_tx.send((meta.last_log_id, digest));
             });
             if let Err(e) = exported {
                 // The client sees a broken stream (or, before the first byte, an error).
@@ -98,8 +98,8 @@ impl Service {
             }
         };
         Ok(Backup::Stream(BackupStream {
-            applied_index: last.as_ref().map(|l| l.index),
-            applied_term: last.as_ref().map(|l| l.committed_leader_id().term),
+            applied_index: last.map(|l| l.index),
+            applied_term: last.map(|l| l.committed_leader_id().term),
             digest: digest?,
             body,
         }))
