@@ -103,7 +103,9 @@ async fn fixed_jobs(api: &Api) -> Result<Vec<String>> {
 #[derive(Clone, Debug)]
 struct Loaded {
     id: String,
+    sent: Instant,
     published: Instant,
+    /// When its acknowledgement was sent.
     acked: Option<Instant>,
 }
 
@@ -111,10 +113,12 @@ struct Loaded {
 async fn load(api: Api, stop: Arc<AtomicBool>, log: Arc<Mutex<Vec<Loaded>>>) -> Result<()> {
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
+        let sent = Instant::now();
         let id = publish(&api, "load", "ttr=3600", format!("load-{i}")).await?;
         let published = Instant::now();
         log.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push(Loaded {
             id,
+            sent,
             published,
             acked: None,
         });
@@ -122,9 +126,9 @@ async fn load(api: Api, stop: Arc<AtomicBool>, log: Arc<Mutex<Vec<Loaded>>>) -> 
         ensure!(st == 200, "reserve: {st} {v}");
         if i.is_multiple_of(2) {
             let got = s(&v, "job_id")?;
+            let now = Instant::now();
             let (st, v) = api.delete(&format!("/api/bk/load/job/{got}")).await?;
             ensure!(st == 204 || st == 200, "ack: {st} {v}");
-            let now = Instant::now();
             let mut log = log.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
             if let Some(l) = log.iter_mut().find(|l| l.id == got) {
                 l.acked = Some(now);
@@ -153,6 +157,7 @@ async fn check_restored(
     fixed: &[String],
     loaded: &[Loaded],
     save_started: Instant,
+    save_done: Instant,
 ) -> Result<()> {
     let (index, got_digest, entries) = digest(api).await?;
     // A new leader's first (blank) entry moves the index on; it does not touch the state.
@@ -169,9 +174,15 @@ async fn check_restored(
     for l in loaded {
         let here = job(api, "load", &l.id).await?;
         // Published and not yet acknowledged when the save was asked for: it must be there.
-        let surely_in = l.published < save_started && l.acked.is_none_or(|a| a > save_started);
+        // Published before the save was asked for, and not acknowledged before it ended:
+        // it must be there.
+        let surely_in = l.published < save_started && l.acked.is_none_or(|a| a > save_done);
         if surely_in {
             ensure!(here.is_some(), "job {} published before the save is missing", l.id);
+        }
+        // Sent after the backup was complete: it cannot be in it.
+        if l.sent > save_done {
+            ensure!(here.is_none(), "job {} published after the save was restored", l.id);
         }
         if let Some(job) = here {
             ensure!(
@@ -213,6 +224,7 @@ async fn a_backup_under_load_restores_into_a_new_cluster_and_a_single_node() -> 
     let save_started = Instant::now();
     let saved =
         delayctl_json(&source.nodes[follower].url, &["snapshot", "save", &file_s, "--digest"])?;
+    let save_done = Instant::now();
     // Let the load go on a little past the save, then stop it.
     let after = log.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.len();
     eventually(Duration::from_secs(20), || async {
@@ -267,7 +279,8 @@ async fn a_backup_under_load_restores_into_a_new_cluster_and_a_single_node() -> 
     let new_leader = restored.leader(Duration::from_secs(20)).await?;
     restored.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
     for i in 0..3 {
-        check_restored(&restored.api(i), &saved, &api, &fixed, &loaded, save_started).await?;
+        check_restored(&restored.api(i), &saved, &api, &fixed, &loaded, save_started, save_done)
+            .await?;
     }
     // It is a cluster of its own: it takes writes, and the source never hears of them.
     let new_id = publish(&restored.api(new_leader), "after", "", "new".into()).await?;
@@ -298,7 +311,7 @@ async fn a_backup_under_load_restores_into_a_new_cluster_and_a_single_node() -> 
         Ok((h["leader"] == 7).then_some(()))
     })
     .await?;
-    check_restored(&one_api, &saved, &api, &fixed, &loaded, save_started).await?;
+    check_restored(&one_api, &saved, &api, &fixed, &loaded, save_started, save_done).await?;
     publish(&one_api, "after", "", "single".into()).await?;
     Ok(())
 }

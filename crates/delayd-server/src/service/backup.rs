@@ -11,6 +11,7 @@
 //! is released when the client goes).
 
 use std::io::{self, Write};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
@@ -24,6 +25,9 @@ use crate::error::ServiceError;
 const CHUNK_BYTES: usize = 256 << 10;
 /// Chunks buffered between the export and the client.
 const CHUNKS_IN_FLIGHT: usize = 4;
+/// A client that takes no chunk for this long is given up on: the export stops and releases
+/// its RocksDB view and its blocking thread rather than hold them for a stalled reader.
+const STALL: Duration = Duration::from_secs(60);
 
 /// A backup stream, with what it holds.
 pub struct BackupStream {
@@ -76,15 +80,21 @@ impl Service {
         let reader = cluster.reader().clone();
         let (started_tx, started_rx) = oneshot::channel();
         let (tx, mut body) = mpsc::channel(CHUNKS_IN_FLIGHT);
+        let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
-            let out = ChunkWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK_BYTES) };
+            let out = ChunkWriter {
+                tx: tx.clone(),
+                buf: Vec::with_capacity(CHUNK_BYTES),
+                runtime: runtime.clone(),
+            };
             let exported = reader.export(out, |meta, view| {
                 let digest = digest.then(|| super::admin::digest_of(view)).transpose();
                 let _ = started_tx.send((meta.last_log_id, digest));
             });
             if let Err(e) = exported {
                 // The client sees a broken stream (or, before the first byte, an error).
-                let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
+                let failed = tx.send(Err(io::Error::other(e.to_string())));
+                let _ = runtime.block_on(tokio::time::timeout(STALL, failed));
             }
         });
         let (last, digest) = match started_rx.await {
@@ -106,10 +116,12 @@ impl Service {
     }
 }
 
-/// Writes into the channel in chunks of [`CHUNK_BYTES`]; fails once the receiver is gone.
+/// Writes into the channel in chunks of [`CHUNK_BYTES`]; fails once the receiver is gone or
+/// has taken nothing for [`STALL`]. Runs on the blocking pool, which may wait on the runtime.
 struct ChunkWriter {
     tx: mpsc::Sender<Result<Bytes, io::Error>>,
     buf: Vec<u8>,
+    runtime: tokio::runtime::Handle,
 }
 
 impl ChunkWriter {
@@ -118,9 +130,14 @@ impl ChunkWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK_BYTES)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the client went away"))
+        match self.runtime.block_on(tokio::time::timeout(STALL, self.tx.send(Ok(chunk)))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(io::Error::new(io::ErrorKind::BrokenPipe, "the client went away")),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client took nothing for {STALL:?}"),
+            )),
+        }
     }
 }
 
