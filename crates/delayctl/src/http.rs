@@ -130,6 +130,10 @@ impl Client {
     pub fn new(nodes: Vec<Url>, token: Option<String>, timeout: Duration) -> Result<Client> {
         let http = reqwest::Client::builder()
             .connect_timeout(timeout)
+            // delayd redirects only a backup to the leader, and that request needs its
+            // credential, which reqwest drops on a redirect to another host: the caller
+            // follows it itself.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Client { http, nodes, token, timeout })
@@ -137,25 +141,44 @@ impl Client {
 
     /// Sends `call` to the first node that accepts a connection.
     pub async fn send(&self, call: Call) -> Result<Reply> {
+        let (node, resp) = self.open(&call).await?;
+        read(resp).await.with_context(|| format!("from {node}"))
+    }
+
+    /// The per-request timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends `call` to `node` and returns the answer unread (for a streamed body).
+    pub async fn open_at(&self, node: &Url, call: &Call) -> Result<reqwest::Response> {
+        let url = call.url(node)?;
+        self.send_to(url, call).await.with_context(|| format!("request to {node} failed"))
+    }
+
+    async fn send_to(&self, url: Url, call: &Call) -> reqwest::Result<reqwest::Response> {
+        let mut req =
+            self.http.request(call.method.clone(), url).timeout(self.timeout + call.extra_timeout);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        for (name, value) in &call.headers {
+            req = req.header(name, value);
+        }
+        if let Some(body) = &call.body {
+            req = req.body(body.clone());
+        }
+        req.send().await
+    }
+
+    /// Sends `call` to the first node that accepts a connection; returns that node and its
+    /// answer, unread.
+    pub async fn open(&self, call: &Call) -> Result<(Url, reqwest::Response)> {
         let mut tried = Vec::new();
         let mut last_error = None;
         for node in &self.nodes {
-            let url = call.url(node)?;
-            let mut req = self
-                .http
-                .request(call.method.clone(), url)
-                .timeout(self.timeout + call.extra_timeout);
-            if let Some(token) = &self.token {
-                req = req.bearer_auth(token);
-            }
-            for (name, value) in &call.headers {
-                req = req.header(name, value);
-            }
-            if let Some(body) = &call.body {
-                req = req.body(body.clone());
-            }
-            match req.send().await {
-                Ok(resp) => return read(resp).await.with_context(|| format!("from {node}")),
+            match self.send_to(call.url(node)?, call).await {
+                Ok(resp) => return Ok((node.clone(), resp)),
                 Err(e) if e.is_connect() => {
                     tried.push(node.as_str().trim_end_matches('/').to_string());
                     last_error = Some(e);
@@ -175,7 +198,8 @@ impl Client {
     }
 }
 
-async fn read(resp: reqwest::Response) -> Result<Reply> {
+/// Reads an answer whole: its status and its body as JSON.
+pub async fn read(resp: reqwest::Response) -> Result<Reply> {
     let status = resp.status();
     let bytes = resp.bytes().await.context("cannot read the answer")?;
     let body = if bytes.iter().all(u8::is_ascii_whitespace) {

@@ -8,6 +8,7 @@
 //! (clap), 3 `consume` found nothing to consume — not a failure, but scripts must be able to
 //! tell it from a job.
 
+mod backup;
 mod http;
 mod render;
 
@@ -145,6 +146,23 @@ enum Command {
     /// A queue's schedules: recurring jobs.
     #[command(subcommand)]
     Schedule(ScheduleCmd),
+    /// Backups of the cluster's state (restore them with `delayd restore`).
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
+}
+
+#[derive(Subcommand)]
+enum SnapshotCmd {
+    /// Save a consistent snapshot of the state, taken on the leader, to FILE (written aside,
+    /// verified, then renamed); prints its applied index, size and checksum.
+    Save {
+        /// Where to write it; an existing file is replaced only once the new one is verified.
+        file: std::path::PathBuf,
+        /// Also have the leader report the state's digest (as `cluster digest` computes it)
+        /// from the same view: one more pass over its data.
+        #[arg(long)]
+        digest: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -549,6 +567,28 @@ async fn execute(client: &Client, command: Command) -> Result<Output> {
         Command::Deadletter(d) => return deadletter(client, d).await,
         Command::Webhook(w) => return webhook(client, w).await,
         Command::Schedule(sc) => return schedule(client, sc).await,
+        Command::Snapshot(SnapshotCmd::Save { file, digest }) => {
+            let saved = backup::save(client, &file, digest).await?;
+            let mut v = saved.headers;
+            v["file"] = json!(saved.path.display().to_string());
+            v["node"] = json!(saved.node);
+            v["bytes"] = json!(saved.bytes);
+            v["checksum"] = json!(format!("{:016x}", saved.checksum));
+            let mut rows = vec![
+                ("file", render::cell(&v["file"])),
+                ("node", render::cell(&v["node"])),
+                ("applied_index", render::cell(&v["applied_index"])),
+                ("applied_term", render::cell(&v["applied_term"])),
+                ("bytes", render::cell(&v["bytes"])),
+                ("checksum", render::cell(&v["checksum"])),
+            ];
+            if digest {
+                rows.push(("digest", render::cell(&v["digest"])));
+                rows.push(("digest_entries", render::cell(&v["digest_entries"])));
+            }
+            let human = render::pairs(&rows);
+            Output::new(v, human)
+        }
     })
 }
 

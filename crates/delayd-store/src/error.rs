@@ -33,6 +33,9 @@ pub enum StoreError {
     /// (or on another node).
     #[error("a snapshot is being installed; the state machine is not readable right now")]
     Installing,
+    /// An offline operation (restore, recovery) refused its input; the message says why.
+    #[error("{0}")]
+    Refused(String),
     /// A blocking storage task panicked or was cancelled.
     #[error("storage task failed: {0}")]
     Task(String),

@@ -69,7 +69,11 @@
 //!   with [`StoreError::Installing`] rather than show a half-loaded state.
 //! - The apply listener is not called for installs: a snapshot replaces everything.
 //! - Opening the store can take as long as a snapshot install when one was interrupted.
+//!
+//! Backups (an export of the state in the snapshot format), restores into a new data
+//! directory and quorum-loss recovery are in `backup.rs`.
 
+mod backup;
 mod db;
 mod error;
 mod log;
@@ -80,6 +84,7 @@ mod state;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use backup::{recover, restore, verify_file, Recovered, Restored, SnapshotSummary, Tail};
 pub use db::{ReadView, StorageSizes};
 pub use error::StoreError;
 pub use log::LogStore;

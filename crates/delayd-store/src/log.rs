@@ -130,7 +130,11 @@ impl Drop for SyncerHandle {
 }
 
 /// Entries with `start <= index < end` (`end` `None`: to the end of the log).
-fn read_entries(db: &Db, start: u64, end: Option<u64>) -> Result<Vec<LogEntry>, StoreError> {
+pub(crate) fn read_entries(
+    db: &Db,
+    start: u64,
+    end: Option<u64>,
+) -> Result<Vec<LogEntry>, StoreError> {
     if end.is_some_and(|end| end <= start) {
         return Ok(Vec::new());
     }
@@ -150,7 +154,7 @@ fn read_entries(db: &Db, start: u64, end: Option<u64>) -> Result<Vec<LogEntry>, 
     Ok(entries)
 }
 
-fn last_entry(db: &Db) -> Result<Option<LogEntry>, StoreError> {
+pub(crate) fn last_entry(db: &Db) -> Result<Option<LogEntry>, StoreError> {
     let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
     it.seek_to_last();
     match it.value() {

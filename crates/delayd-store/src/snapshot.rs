@@ -107,7 +107,11 @@ fn len_u32(len: usize, what: &str) -> io::Result<[u8; 4]> {
 }
 
 /// Writes a snapshot of `view` described by `meta` to `out`.
-fn write_to(out: impl Write, meta: &Meta, view: &ReadView<'_>) -> Result<(), StoreError> {
+pub(crate) fn write_to(
+    out: impl Write,
+    meta: &Meta,
+    view: &ReadView<'_>,
+) -> Result<(), StoreError> {
     let mut w = HashWriter { inner: out, hash: Fnv::new() };
     let io_err = |e| StoreError::io("writing snapshot", e);
 
@@ -158,6 +162,7 @@ pub(crate) struct SnapshotReader<R> {
     cfs: Vec<Cf>,
     count: u64,
     done: bool,
+    checksum: Option<u64>,
 }
 
 fn corrupt(what: impl Into<String>) -> StoreError {
@@ -198,7 +203,7 @@ impl<R: Read> SnapshotReader<R> {
                 .ok_or_else(|| corrupt(format!("unknown column family {:?}", name)))?;
             cfs.push(cf);
         }
-        Ok((meta, SnapshotReader { r, cfs, count: 0, done: false }))
+        Ok((meta, SnapshotReader { r, cfs, count: 0, done: false, checksum: None }))
     }
 
     /// The next record, or `None` after the trailer has been read and checked.
@@ -238,7 +243,13 @@ impl<R: Read> SnapshotReader<R> {
             return Err(corrupt("trailing bytes"));
         }
         self.done = true;
+        self.checksum = Some(expected);
         Ok(())
+    }
+
+    /// The number of records and the verified checksum, once the trailer has been read.
+    pub(crate) fn summary(&self) -> Option<(u64, u64)> {
+        self.checksum.map(|c| (self.count, c))
     }
 }
 

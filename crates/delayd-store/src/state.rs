@@ -55,9 +55,9 @@ const INSTALL_BATCH_RECORDS: usize = 10_000;
 const INSTALL_BATCH_BYTES: usize = 32 << 20;
 
 /// What the state machine, its snapshot builder and its readers share.
-struct Shared {
-    db: Arc<Db>,
-    dir: SnapshotDir,
+pub(crate) struct Shared {
+    pub(crate) db: Arc<Db>,
+    pub(crate) dir: SnapshotDir,
     /// The current snapshot; its lock also orders changes of the on-disk pointer to it.
     current: Mutex<Option<SnapshotRecord>>,
     /// Held exclusively for a whole snapshot install, when the state is incomplete; taken
@@ -114,12 +114,12 @@ impl Shared {
         Ok(shared)
     }
 
-    fn next_file(&self) -> u64 {
+    pub(crate) fn next_file(&self) -> u64 {
         self.next_file.fetch_add(1, Ordering::Relaxed)
     }
 
     /// A consistent view, refused while an install has the state half-written.
-    fn try_view(&self) -> Result<ReadView<'_>, StoreError> {
+    pub(crate) fn try_view(&self) -> Result<ReadView<'_>, StoreError> {
         let _gate = match self.install_gate.try_read() {
             Ok(guard) => guard,
             Err(TryLockError::WouldBlock) => return Err(StoreError::Installing),
@@ -129,12 +129,12 @@ impl Shared {
     }
 
     /// A consistent view, waiting for an install to finish.
-    fn view(&self) -> ReadView<'_> {
+    pub(crate) fn view(&self) -> ReadView<'_> {
         let _gate = self.install_gate.read().unwrap_or_else(PoisonError::into_inner);
         ReadView::snapshot(&self.db)
     }
 
-    fn applied_state(&self) -> Result<AppliedState, StoreError> {
+    pub(crate) fn applied_state(&self) -> Result<AppliedState, StoreError> {
         let last_applied: Option<Option<LogId>> =
             db::get_decoded(&self.db, Cf::Meta.name(), SM_LAST_APPLIED)?;
         let membership = db::get_decoded(&self.db, Cf::Meta.name(), SM_MEMBERSHIP)?;
@@ -142,7 +142,10 @@ impl Shared {
     }
 
     /// Applies a batch of entries as one atomic write; see the crate docs.
-    fn apply(&self, entries: &[LogEntry]) -> Result<(Vec<Vec<Outcome>>, Effects), StoreError> {
+    pub(crate) fn apply(
+        &self,
+        entries: &[LogEntry],
+    ) -> Result<(Vec<Vec<Outcome>>, Effects), StoreError> {
         let live = ReadView::live(&self.db);
         let mut overlay = Overlay::new(&live);
         let mut replies = Vec::with_capacity(entries.len());
@@ -210,16 +213,11 @@ impl Shared {
     }
 
     /// Builds a snapshot from one consistent view; returns its meta and the open file.
-    fn build(&self) -> Result<(Meta, File), StoreError> {
+    pub(crate) fn build(&self) -> Result<(Meta, File), StoreError> {
         let started = Instant::now();
         let view = self.view();
-        let (last_log_id, last_membership) = {
-            let last_applied: Option<Option<LogId>> = decode_opt(&view, SM_LAST_APPLIED)?;
-            let membership: Option<StoredMembership> = decode_opt(&view, SM_MEMBERSHIP)?;
-            (last_applied.flatten(), membership.unwrap_or_default())
-        };
+        let meta = view_meta(&view)?;
         let n = self.next_file();
-        let meta = Meta { last_log_id, last_membership };
         let name = self.dir.write(n, &meta, &view)?;
         drop(view);
         // Open before promoting: if a newer snapshot wins, this file is removed, but the open
@@ -354,7 +352,7 @@ impl Shared {
     /// Replaces the state machine with a verified snapshot file. Crash-safe: the first synced
     /// batch records `INSTALLING` (and clears the state); the last one sets last applied and
     /// membership and removes the marker. A restart in between calls this again.
-    fn load(&self, record: &SnapshotRecord) -> Result<(), StoreError> {
+    pub(crate) fn load(&self, record: &SnapshotRecord) -> Result<(), StoreError> {
         let _gate = self.install_gate.write().unwrap_or_else(PoisonError::into_inner);
         let db = &*self.db;
         let path = self.dir.path(&record.file);
@@ -422,6 +420,17 @@ fn decode_opt<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// The meta of a snapshot of `view`: its last applied log id and membership, read from the
+/// view itself so that they describe exactly the data beside them.
+pub(crate) fn view_meta(view: &ReadView<'_>) -> Result<Meta, StoreError> {
+    let last_applied: Option<Option<LogId>> = decode_opt(view, SM_LAST_APPLIED)?;
+    let membership: Option<StoredMembership> = decode_opt(view, SM_MEMBERSHIP)?;
+    Ok(Meta {
+        last_log_id: last_applied.flatten(),
+        last_membership: membership.unwrap_or_default(),
+    })
+}
+
 /// True when `record` should replace `current`: never go back to an older snapshot.
 fn is_newer(record: &SnapshotRecord, current: Option<&SnapshotRecord>) -> bool {
     current.is_none_or(|c| record.meta.last_log_id >= c.meta.last_log_id)
@@ -430,7 +439,7 @@ fn is_newer(record: &SnapshotRecord, current: Option<&SnapshotRecord>) -> bool {
 /// The replicated state machine, persisted in the state-machine column families of the
 /// store's RocksDB. Hand it to `Raft::new`; keep a [`StateReader`] for queries.
 pub struct StateMachineStore {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl StateMachineStore {
@@ -467,7 +476,7 @@ impl StateMachineStore {
 /// Read access to the state machine, independent of openraft. Cloning is cheap.
 #[derive(Clone)]
 pub struct StateReader {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl StateReader {

@@ -2,6 +2,7 @@
 //! `./data`, serving lmstfy's HTTP API on port 7777.
 
 mod probe;
+mod restore;
 mod settings;
 
 use std::path::PathBuf;
@@ -30,13 +31,18 @@ struct Args {
     config: Option<PathBuf>,
     #[command(flatten)]
     settings: Settings,
+    /// Without a command, run the node.
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Option<Cmd>,
 }
 
-/// What `delayd` does besides running a node (with no subcommand it runs one).
+/// What `delayd` does other than running a node.
 #[derive(clap::Subcommand, Debug)]
-enum Command {
+enum Cmd {
+    /// Build a new data directory from a backup (see docs/backup.md).
+    Restore(restore::RestoreArgs),
+    /// Turn a surviving node's data into a single-node cluster (see docs/backup.md).
+    Recover(restore::RecoverArgs),
     /// Ask a node whether it is ready (`/ready`): exit 0 if it is, 1 with its reason if not.
     /// The container image's health check.
     Probe(probe::ProbeArgs),
@@ -45,8 +51,11 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if let Some(Command::Probe(probe)) = args.command {
-        return probe::run(probe).await;
+    match args.command {
+        Some(Cmd::Restore(a)) => return restore::restore(a),
+        Some(Cmd::Recover(a)) => return restore::recover(a),
+        Some(Cmd::Probe(a)) => return probe::run(a).await,
+        None => {}
     }
     // Flags over the environment (both from clap), over the file, over the defaults.
     let file = match &args.config {

@@ -10,6 +10,7 @@
 //! Connections are served by [`serve::serve_http`], which bounds what a client may hold.
 
 mod admin;
+mod backup;
 mod dashboard;
 mod deadletter;
 pub mod error;
@@ -51,7 +52,7 @@ pub fn router(service: &Service) -> Router {
         .route("/admin/nodes/{id}/promote", post(admin::promote))
         .route("/admin/nodes/{id}", delete(admin::remove))
         .route("/admin/leader", post(admin::transfer_leader))
-        .route("/admin/snapshot", post(admin::snapshot))
+        .route("/admin/snapshot", post(admin::snapshot).get(backup::save))
         .route("/admin/digest", get(admin::digest))
         .route("/token/{ns}", post(tokens::create).get(tokens::list))
         .route("/token/{ns}/{token}", delete(tokens::remove))

@@ -241,24 +241,7 @@ impl Service {
     pub fn digest(&self, caller: &Principal) -> Result<Digest, ServiceError> {
         self.authorize(caller, Scope::Admin)?;
         let view = self.cluster().reader().read_view()?;
-        let applied_index = view.last_applied()?.map(|l| l.index);
-        let mut hash = std::collections::hash_map::DefaultHasher::new();
-        let mut entries = 0u64;
-        for cf in Cf::ALL {
-            view.scan(cf, &[], &[], &mut |k, v| {
-                // The store's own bookkeeping (last applied, membership) is not job state.
-                if !(cf == Cf::Meta && k.starts_with(b"raft/")) {
-                    hash.write_u8(cf as u8);
-                    hash.write_usize(k.len());
-                    hash.write(k);
-                    hash.write_usize(v.len());
-                    hash.write(v);
-                    entries += 1;
-                }
-                true
-            })?;
-        }
-        Ok(Digest { applied_index, digest: hash.finish(), entries })
+        digest_of(&view)
     }
 
     /// Every metric of the node in Prometheus' text format. Needs the admin token unless
@@ -309,4 +292,28 @@ impl Service {
             Err(ServiceError::NotFound("api not found".into()))
         }
     }
+}
+
+/// The digest of the state `view` shows: what [`Service::digest`] answers, and what a backup
+/// taken from the same view reports.
+pub(crate) fn digest_of(view: &delayd_store::ReadView<'_>) -> Result<Digest, ServiceError> {
+    let applied_index = view.last_applied()?.map(|l| l.index);
+    let mut hash = std::collections::hash_map::DefaultHasher::new();
+
+    let mut entries = 0u64;
+    for cf in Cf::ALL {
+        view.scan(cf, &[], &[], &mut |k, v| {
+            // The store's own bookkeeping (last applied, membership) is not job state.
+            if !(cf == Cf::Meta && k.starts_with(b"raft/")) {
+                hash.write_u8(cf as u8);
+                hash.write_usize(k.len());
+                hash.write(k);
+                hash.write_usize(v.len());
+                hash.write(v);
+                entries += 1;
+            }
+            true
+        })?;
+    }
+    Ok(Digest { applied_index, digest: hash.finish(), entries })
 }

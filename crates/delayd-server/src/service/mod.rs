@@ -23,6 +23,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod backup;
 pub mod health;
 pub mod jobs;
 pub mod publish;
