@@ -20,7 +20,9 @@
 //!
 //! `Raft` and `Internal` are for the cluster's own nodes: with a cluster credential every call
 //! must carry it in [`CLUSTER_HEADER`], so that a client of a public API on the same port can
-//! neither inject Raft messages nor forward commands past authentication.
+//! neither inject Raft messages nor forward commands past authentication. With peer mutual
+//! TLS ([`crate::tls`], `peer_ca_file`) every call must also come over a connection whose
+//! client certificate the peer CA signed; the two checks stand beside each other.
 //!
 //! The gRPC deadline a caller sends is enforced by tonic: a handler whose caller gave up is
 //! dropped. Dropping openraft's `append_entries` or `vote` only discards the reply, but a
@@ -50,6 +52,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::network::MAX_MESSAGE_BYTES;
+use crate::tls::{incoming, Tls, TlsConnectInfo};
 
 /// Handles `Internal.Forward` calls: what a forwarded payload means is the handler's business.
 #[tonic::async_trait]
@@ -62,10 +65,14 @@ pub trait ForwardHandler: Send + Sync + 'static {
 /// Metadata key of the cluster credential on `Raft` and `Internal` calls.
 pub const CLUSTER_HEADER: &str = "x-delayd-cluster";
 
-/// Refuses `Raft` and `Internal` calls that do not carry the cluster credential.
+/// Refuses `Raft` and `Internal` calls that do not carry the cluster credential, and, when
+/// peer certificates are required, calls over a connection that showed none.
 #[derive(Clone)]
 pub struct ClusterGuard {
     secret: Option<Arc<str>>,
+    /// The connection must have shown a client certificate. The TLS handshake verified it
+    /// against the peer CA (an unverifiable one fails the handshake), so any shown is a peer's.
+    peer_cert: bool,
     /// When a refusal was last logged (unix s): a misconfigured peer retries many times a
     /// second, one warning per interval is enough to find it.
     last_warning: Arc<AtomicU64>,
@@ -74,26 +81,51 @@ pub struct ClusterGuard {
 impl ClusterGuard {
     /// A guard requiring `secret` (`None`: open).
     pub fn new(secret: Option<String>) -> ClusterGuard {
-        ClusterGuard { secret: secret.map(Arc::from), last_warning: Arc::default() }
+        ClusterGuard { secret: secret.map(Arc::from), peer_cert: false, last_warning: Arc::default() }
     }
+
+    /// Also requires a client certificate verified by the peer CA (`required`: mutual TLS).
+    pub fn requiring_peer_certs(mut self, required: bool) -> ClusterGuard {
+        self.peer_cert = required;
+        self
+    }
+
+    /// Logs a refusal, at most once per interval.
+    fn warn(&self, why: &str) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if now.saturating_sub(self.last_warning.swap(now, Ordering::Relaxed)) >= 10 {
+            tracing::warn!("refused an internal call {why}");
+        }
+    }
+}
+
+/// Whether the call came over a TLS connection whose client showed a certificate.
+fn shows_peer_cert<T>(request: &Request<T>) -> bool {
+    request.extensions().get::<TlsConnectInfo>().is_some_and(|info| info.peer_certified)
 }
 
 impl tonic::service::Interceptor for ClusterGuard {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if self.peer_cert && !shows_peer_cert(&request) {
+            self.warn(
+                "over a connection without a peer certificate: with peer_ca_file set, every \
+                 node needs a certificate signed by that CA",
+            );
+            return Err(Status::unauthenticated(
+                "internal services need a certificate signed by the peer CA",
+            ));
+        }
         let Some(secret) = &self.secret else { return Ok(request) };
         let shown = request.metadata().get(CLUSTER_HEADER).and_then(|v| v.to_str().ok());
         if shown.is_some_and(|s| same(s, secret)) {
             return Ok(request);
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if now.saturating_sub(self.last_warning.swap(now, Ordering::Relaxed)) >= 10 {
-            tracing::warn!(
-                "refused an internal call without the cluster credential: every node of a \
-                 cluster needs the same cluster secret (the admin token)"
-            );
-        }
+        self.warn(
+            "without the cluster credential: every node of a cluster needs the same cluster \
+             secret (the admin token)",
+        );
         Err(Status::unauthenticated("internal services need the cluster credential"))
     }
 }
@@ -114,13 +146,15 @@ pub struct Services {
     pub forward: Arc<dyn ForwardHandler>,
     /// The credential peers must show; `None` leaves the internal services open.
     pub secret: Option<String>,
+    /// Peers must also show a certificate signed by the peer CA (mutual TLS).
+    pub peer_certs: bool,
 }
 
 /// The node's internal services beside `extra` (the owner's own services, if any), ready to
 /// serve.
 pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
-    let Services { raft, inbox, forward, secret } = services;
-    let guard = ClusterGuard::new(secret);
+    let Services { raft, inbox, forward, secret, peer_certs } = services;
+    let guard = ClusterGuard::new(secret).requiring_peer_certs(peer_certs);
     let raft = RaftServer::new(RaftService { raft, inbox })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -149,12 +183,25 @@ pub async fn serve(
     routes: Routes,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+    serve_with_tls(listener, None, routes, shutdown).await
+}
+
+/// [`serve`], over TLS only when `tls` is given: a client that does not complete a TLS
+/// handshake (a plain-text one) is dropped.
+pub async fn serve_with_tls(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    routes: Routes,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let server = Server::builder().max_concurrent_streams(MAX_STREAMS_PER_CONNECTION).add_routes(routes);
+    match tls {
+        Some(tls) => server.serve_with_incoming_shutdown(incoming(listener, tls), shutdown).await,
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            server.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+    }
 }
 
 /// The `Raft` service over the local node.

@@ -53,3 +53,5 @@ pub use config::Config;
 pub use error::ServiceError;
 pub use node::Node;
 pub use service::{Principal, Service};
+/// TLS for the listeners and between peers (the settings are loaded into [`tls::Tls`]).
+pub use delayd_raft::tls;

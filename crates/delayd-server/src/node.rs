@@ -93,9 +93,10 @@ impl Node {
             .await
             .map_err(|e| ServiceError::Internal(format!("cannot listen on {addr}: {e}")))?;
         let limits = config.http.clone();
+        let tls = config.tls.clone();
         let node = Node::start(config).await?;
         match listener.local_addr() {
-            Ok(addr) => tracing::info!(%addr, "serving HTTP"),
+            Ok(addr) => tracing::info!(%addr, tls = node.config().tls.is_some(), "serving HTTP"),
             Err(e) => tracing::warn!(error = %e, "serving HTTP on an address the OS cannot name"),
         }
         let cluster = node.inner.cluster.clone();
@@ -103,7 +104,8 @@ impl Node {
             shutdown.await;
             cluster.step_down().await;
         };
-        let served = crate::http::serve_http(listener, node.router(), &limits, stop).await;
+        let served =
+            crate::http::serve_http_with_tls(listener, node.router(), &limits, tls, stop).await;
         node.shutdown().await;
         served.map_err(|e| ServiceError::Internal(format!("HTTP server: {e}")))
     }
