@@ -120,7 +120,10 @@ impl Server {
         let log = data_dir.with_extension("log");
         let mut server = Server {
             child: Self::launch(&args, &log)?,
-            url: format!("{}://127.0.0.1:{http_port}", if trust.is_some() { "https" } else { "http" }),
+            url: format!(
+                "{}://127.0.0.1:{http_port}",
+                if trust.is_some() { "https" } else { "http" }
+            ),
             id,
             grpc: format!("127.0.0.1:{grpc_port}"),
             port: http_port,

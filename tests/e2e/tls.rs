@@ -192,9 +192,8 @@ async fn outsider_is_kept_out(cluster: &Cluster, leader: usize, ca: &Ca, pki: &P
     let view = eventually(Duration::from_secs(20), || async {
         let (st, v) = json(http.get(format!("{base}/admin/cluster"))).await?;
         ensure!(st == 200, "cluster view: {st} {v}");
-        let node = |id: u64| {
-            v["nodes"].as_array().and_then(|n| n.iter().find(|n| n["id"] == id)).cloned()
-        };
+        let node =
+            |id: u64| v["nodes"].as_array().and_then(|n| n.iter().find(|n| n["id"] == id)).cloned();
         let (Some(out), Some(ins)) = (node(4), node(5)) else { return Ok(None) };
         let caught_up = ins["matched_index"].as_u64().is_some_and(|m| m > 0);
         Ok((out["reachable"] == false && caught_up).then_some((out, ins)))

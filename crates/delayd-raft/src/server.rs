@@ -81,7 +81,11 @@ pub struct ClusterGuard {
 impl ClusterGuard {
     /// A guard requiring `secret` (`None`: open).
     pub fn new(secret: Option<String>) -> ClusterGuard {
-        ClusterGuard { secret: secret.map(Arc::from), peer_cert: false, last_warning: Arc::default() }
+        ClusterGuard {
+            secret: secret.map(Arc::from),
+            peer_cert: false,
+            last_warning: Arc::default(),
+        }
     }
 
     /// Also requires a client certificate verified by the peer CA (`required`: mutual TLS).
@@ -194,7 +198,8 @@ pub async fn serve_with_tls(
     routes: Routes,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let server = Server::builder().max_concurrent_streams(MAX_STREAMS_PER_CONNECTION).add_routes(routes);
+    let server =
+        Server::builder().max_concurrent_streams(MAX_STREAMS_PER_CONNECTION).add_routes(routes);
     match tls {
         Some(tls) => server.serve_with_incoming_shutdown(incoming(listener, tls), shutdown).await,
         None => {
@@ -322,5 +327,34 @@ impl Internal for InternalService {
     async fn forward(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let payload = self.handler.forward(request.into_inner().payload).await?;
         Ok(Response::new(RaftReply { payload }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::service::Interceptor;
+
+    use super::*;
+
+    fn call(guard: &mut ClusterGuard, secret: Option<&str>, certified: Option<bool>) -> bool {
+        let mut request = Request::new(());
+        if let Some(s) = secret {
+            request.metadata_mut().insert(CLUSTER_HEADER, s.parse().expect("ascii"));
+        }
+        if let Some(peer_certified) = certified {
+            request.extensions_mut().insert(TlsConnectInfo { remote_addr: None, peer_certified });
+        }
+        guard.call(request).is_ok()
+    }
+
+    #[test]
+    fn with_peer_certificates_required_both_credentials_are_checked() {
+        let mut guard = ClusterGuard::new(Some("s3cret".into())).requiring_peer_certs(true);
+        assert!(call(&mut guard, Some("s3cret"), Some(true)));
+        assert!(!call(&mut guard, Some("s3cret"), Some(false)), "TLS without a certificate");
+        assert!(!call(&mut guard, Some("s3cret"), None), "not TLS at all");
+        assert!(!call(&mut guard, Some("wrong"), Some(true)), "a certificate is not the secret");
+        let mut open = ClusterGuard::new(None);
+        assert!(call(&mut open, None, None), "without either requirement the guard is open");
     }
 }

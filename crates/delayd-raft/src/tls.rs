@@ -150,7 +150,11 @@ impl Tls {
     pub fn load(files: TlsFiles) -> Result<Arc<Tls>, TlsError> {
         let stamps = stamps(&files);
         let loaded = build(&files)?;
-        Ok(Arc::new(Tls { files, current: RwLock::new(Arc::new(loaded)), stamps: Mutex::new(stamps) }))
+        Ok(Arc::new(Tls {
+            files,
+            current: RwLock::new(Arc::new(loaded)),
+            stamps: Mutex::new(stamps),
+        }))
     }
 
     /// The files this was loaded from.
@@ -188,14 +192,14 @@ impl Tls {
     /// Reloads on SIGHUP and when the files change (see the module docs) until `stop`
     /// completes. Failures are logged and keep the configuration in use.
     pub async fn watch(self: Arc<Self>, stop: impl Future<Output = ()>) {
-        let mut hangup =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot watch SIGHUP; TLS files are still polled");
-                    None
-                }
-            };
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGHUP; TLS files are still polled");
+                None
+            }
+        };
         let mut poll = tokio::time::interval(RELOAD_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(stop);
@@ -212,9 +216,13 @@ impl Tls {
                 _ = poll.tick() => self.reload_if_changed(),
             };
             match result {
-                Ok(true) => tracing::info!(cert = %self.files.cert_file.display(), "TLS certificates reloaded"),
+                Ok(true) => {
+                    tracing::info!(cert = %self.files.cert_file.display(), "TLS certificates reloaded")
+                }
                 Ok(false) => {}
-                Err(e) => tracing::error!(error = %e, "TLS reload failed; still using the previous certificates"),
+                Err(e) => {
+                    tracing::error!(error = %e, "TLS reload failed; still using the previous certificates")
+                }
             }
         }
     }
@@ -248,7 +256,10 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The certificates in a PEM file; at least one.
-fn read_certs(setting: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+fn read_certs(
+    setting: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let err = |why: String| TlsError::File { setting, path: path.to_path_buf(), why };
     // Read first, so that a missing or unreadable file says so rather than "no certificate".
     let pem = std::fs::read(path).map_err(|e| err(e.to_string()))?;
@@ -262,7 +273,8 @@ fn read_certs(setting: &'static str, path: &Path) -> Result<Vec<CertificateDer<'
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let err = |why: String| TlsError::File { setting: "tls_key_file", path: path.to_path_buf(), why };
+    let err =
+        |why: String| TlsError::File { setting: "tls_key_file", path: path.to_path_buf(), why };
     let pem = std::fs::read(path).map_err(|e| err(e.to_string()))?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| err(format!("no usable private key: {e}")))
 }
@@ -295,8 +307,10 @@ fn build(files: &TlsFiles) -> Result<Loaded, TlsError> {
             .map_err(config_err)
     };
 
-    let mut http =
-        server()?.with_no_client_auth().with_single_cert(certs.clone(), key.clone_key()).map_err(config_err)?;
+    let mut http = server()?
+        .with_no_client_auth()
+        .with_single_cert(certs.clone(), key.clone_key())
+        .map_err(config_err)?;
     http.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
 
     let grpc = server()?;
@@ -459,8 +473,7 @@ impl PeerConnector {
 
 type Connecting = Pin<
     Box<
-        dyn Future<Output = io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>>
-            + Send,
+        dyn Future<Output = io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>> + Send,
     >,
 >;
 
@@ -477,7 +490,9 @@ impl tonic::codegen::Service<Uri> for PeerConnector {
         let config = self.tls.peer_client();
         Box::pin(async move {
             let config = config.ok_or_else(|| {
-                io::Error::other("TLS to peers needs peer_ca_file (the CA that signs node certificates)")
+                io::Error::other(
+                    "TLS to peers needs peer_ca_file (the CA that signs node certificates)",
+                )
             })?;
             let host = uri.host().ok_or_else(|| io::Error::other(format!("no host in {uri}")))?;
             // An IPv6 literal comes bracketed in a URI; neither TCP nor the name check wants that.

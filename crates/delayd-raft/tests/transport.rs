@@ -57,8 +57,13 @@ impl TestNode {
         let inbox = sm.inbox();
         let raft = Raft::new(id, Arc::new(raft_config()?), network.clone(), log, sm).await?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let services =
-            Services { raft: raft.clone(), inbox, forward: Arc::new(Echo(id)), secret: None, peer_certs: false };
+        let services = Services {
+            raft: raft.clone(),
+            inbox,
+            forward: Arc::new(Echo(id)),
+            secret: None,
+            peer_certs: false,
+        };
         let routes = server::routes(services, None);
         let server = tokio::spawn(server::serve(listener, routes, async {
             let _ = stopped.await;

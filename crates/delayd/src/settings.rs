@@ -602,8 +602,12 @@ mod tests {
                 Err(e) => format!("{e:#}"),
             }
         };
-        assert!(err("tls_cert_file = \"c.pem\"").contains("tls_cert_file is set without tls_key_file"));
-        assert!(err("tls_key_file = \"k.pem\"").contains("tls_key_file is set without tls_cert_file"));
+        assert!(
+            err("tls_cert_file = \"c.pem\"").contains("tls_cert_file is set without tls_key_file")
+        );
+        assert!(
+            err("tls_key_file = \"k.pem\"").contains("tls_key_file is set without tls_cert_file")
+        );
         assert!(err("peer_ca_file = \"ca.pem\"").contains("peer_ca_file needs tls_cert_file"));
         let missing = err("tls_cert_file = \"/nonexistent/c.pem\"\ntls_key_file = \"k.pem\"");
         assert!(missing.contains("tls_cert_file /nonexistent/c.pem: No such file"), "{missing}");
