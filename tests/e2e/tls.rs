@@ -1,8 +1,8 @@
 //! TLS against real processes: a three-node cluster whose HTTP and gRPC ports speak TLS only
 //! and whose nodes authenticate each other with certificates from one CA (docs/tls.md).
 //!
-//! One cluster serves every scenario, since starting one is the expensive part: clients that
-//! verify the node (and forwarding between nodes over mutual TLS), plain-text and untrusting
+//! One cluster serves every scenario, since starting one is the expensive part: HTTP and gRPC
+//! clients that verify the node (and forwarding between nodes over mutual TLS), plain-text and untrusting
 //! clients refused, a node with a certificate from another CA kept out although it knows the
 //! admin token, and a certificate replaced under a running node.
 
@@ -134,6 +134,20 @@ async fn a_cluster_over_mutual_tls() -> Result<()> {
     let job_id = s(&r, "job_id")?;
     let (st, r) = json(http.get(format!("{}/api/t/q?timeout=5&ttr=60", url(followers[1])))).await?;
     ensure!(st == 200 && s(&r, "job_id")? == job_id, "consume through a follower: {st} {r}");
+
+    // The gRPC client, given the CA, works through a follower's gRPC port too.
+    let options = delayd_client::Options {
+        token: Some(ADMIN_TOKEN.into()),
+        tls: Some(delayd_client::tls_config(ca.cert.pem().as_bytes())?),
+        ..delayd_client::Options::default()
+    };
+    let grpc =
+        delayd_client::Client::connect_with(&[cluster.nodes[followers[0]].grpc.clone()], options)
+            .await?;
+    let published = grpc.publish("t", "g", b"over grpc".to_vec(), Default::default()).await?;
+    let got = grpc.reserve("t", &["g"], 1, Some(60_000), Duration::from_secs(5)).await?;
+    let got_id = got.first().and_then(|d| d.job.as_ref()).map(|j| j.job_id.clone());
+    ensure!(got_id.as_deref() == Some(published.job_id.as_str()), "gRPC over TLS: {got_id:?}");
 
     // A plain-text client gets no answer on either port: the handshake fails.
     let plain = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;

@@ -105,7 +105,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
 use crate::faults::{FaultFilter, Verdict};
-use crate::tls::{PeerConnector, Tls};
+use crate::tls::{peer_connector, Tls};
 
 /// The largest gRPC message a node sends or accepts, on both the client and the server side.
 /// tonic's default of 4 MiB is smaller than a batch of log entries can be.
@@ -143,7 +143,7 @@ pub struct GrpcNetwork {
     me: NodeId,
     /// Tests: sees every outgoing call first.
     filter: Option<Arc<dyn FaultFilter>>,
-    /// With TLS on, peers are reached over `https://` through [`PeerConnector`].
+    /// With TLS on, peers are reached over `https://` through [`peer_connector`].
     tls: Option<Arc<Tls>>,
 }
 
@@ -230,7 +230,7 @@ impl GrpcNetwork {
             .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
         let channel = match &self.tls {
-            Some(tls) => endpoint.connect_with_connector_lazy(PeerConnector::new(tls.clone())),
+            Some(tls) => endpoint.connect_with_connector_lazy(peer_connector(tls.clone())),
             None => endpoint.connect_lazy(),
         };
         channels.insert(addr.to_owned(), channel.clone());

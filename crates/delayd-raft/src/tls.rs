@@ -42,16 +42,14 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use futures::Stream;
-use hyper_util::rt::TokioIo;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio_rustls::{TlsAcceptor, TlsConnector};
-use tonic::transport::Uri;
+use tokio_rustls::TlsAcceptor;
 
 /// How often [`Tls::watch`] checks the files' modification times.
 pub const RELOAD_POLL: Duration = Duration::from_secs(5);
@@ -455,57 +453,18 @@ pub fn incoming(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|s| (s, rx)) })
 }
 
-/// Opens TLS connections to peers for tonic's `connect_with_connector_lazy`: TCP to the
-/// URI's host and port, then a handshake that verifies the peer's certificate against the
+/// The connector for connections to peers (`Endpoint::connect_with_connector_lazy`): TCP to
+/// the URI's host and port, then a handshake that verifies the peer's certificate against the
 /// peer CA for the URI's host and presents this node's certificate. The configuration is
 /// taken at each connection, so a reconnect uses reloaded certificates.
-#[derive(Clone)]
-pub struct PeerConnector {
-    tls: Arc<Tls>,
-}
-
-impl PeerConnector {
-    /// A connector with `tls`'s peer configuration.
-    pub fn new(tls: Arc<Tls>) -> PeerConnector {
-        PeerConnector { tls }
-    }
-}
-
-type Connecting = Pin<
-    Box<
-        dyn Future<Output = io::Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>> + Send,
-    >,
->;
-
-impl tonic::codegen::Service<Uri> for PeerConnector {
-    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
-    type Error = io::Error;
-    type Future = Connecting;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: Uri) -> Connecting {
-        let config = self.tls.peer_client();
-        Box::pin(async move {
-            let config = config.ok_or_else(|| {
-                io::Error::other(
-                    "TLS to peers needs peer_ca_file (the CA that signs node certificates)",
-                )
-            })?;
-            let host = uri.host().ok_or_else(|| io::Error::other(format!("no host in {uri}")))?;
-            // An IPv6 literal comes bracketed in a URI; neither TCP nor the name check wants that.
-            let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-            let port = uri.port_u16().unwrap_or(443);
-            let name = ServerName::try_from(host.clone())
-                .map_err(|e| io::Error::other(format!("{host} is not a valid server name: {e}")))?;
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
-            let _ = tcp.set_nodelay(true);
-            let tls = TlsConnector::from(config).connect(name, tcp).await?;
-            Ok(TokioIo::new(tls))
+pub fn peer_connector(tls: Arc<Tls>) -> delayd_proto::tls::TlsConnector {
+    delayd_proto::tls::TlsConnector::with(move || {
+        tls.peer_client().ok_or_else(|| {
+            io::Error::other(
+                "TLS to peers needs peer_ca_file (the CA that signs node certificates)",
+            )
         })
-    }
+    })
 }
 
 #[cfg(test)]
