@@ -149,6 +149,22 @@ async fn a_cluster_over_mutual_tls() -> Result<()> {
     let got_id = got.first().and_then(|d| d.job.as_ref()).map(|j| j.job_id.clone());
     ensure!(got_id.as_deref() == Some(published.job_id.as_str()), "gRPC over TLS: {got_id:?}");
 
+    // delayctl verifies the node with --ca-file, and refuses it without.
+    let ctl = |ca_file: Option<&Path>| {
+        let mut cmd = std::process::Command::new(delayd_tests::delayctl_bin()?);
+        cmd.args(["--addr", &url(followers[0]), "--token", ADMIN_TOKEN, "cluster", "status"]);
+        cmd.env_remove("DELAYCTL_CA_FILE").env_remove("DELAYD_ADDR").env_remove("DELAYD_TOKEN");
+        if let Some(path) = ca_file {
+            cmd.arg("--ca-file").arg(path);
+        }
+        Ok::<_, anyhow::Error>(cmd.output()?)
+    };
+    let out = ctl(Some(&ca_file))?;
+    ensure!(out.status.success(), "delayctl --ca-file: {}", String::from_utf8_lossy(&out.stderr));
+    let out = ctl(None)?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success() && stderr.contains("UnknownIssuer"), "delayctl: {stderr}");
+
     // A plain-text client gets no answer on either port: the handshake fails.
     let plain = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     let http_port = url(0).replace("https://", "http://");
