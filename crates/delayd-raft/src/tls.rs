@@ -483,6 +483,40 @@ mod tests {
         assert!(err.starts_with("tls_cert_file ") && err.contains("node.pem"), "{err}");
     }
 
+    /// Writes a fresh self-signed certificate and its key to `cert` and `key`.
+    fn self_signed(cert: &Path, key: &Path) {
+        let issued =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+        std::fs::write(key, issued.key_pair.serialize_pem()).expect("write key");
+        std::fs::write(cert, issued.cert.pem()).expect("write cert");
+    }
+
+    #[test]
+    fn a_bad_reload_keeps_the_configuration_in_use_and_a_good_one_replaces_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = (dir.path().join("node.pem"), dir.path().join("node.key"));
+        self_signed(&cert, &key);
+        let files = TlsFiles { cert_file: cert.clone(), key_file: key.clone(), peer_ca_file: None };
+        let tls = Tls::load(files).expect("loads");
+        let first = tls.current();
+
+        std::fs::write(&cert, "garbage\n").expect("write");
+        let err = tls.reload().expect_err("garbage").to_string();
+        assert!(err.contains("tls_cert_file") && err.contains("node.pem"), "{err}");
+        assert!(Arc::ptr_eq(&first, &tls.current()), "the old configuration stays");
+
+        // A certificate that does not belong to the key is refused too.
+        let other =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("certificate");
+        std::fs::write(&cert, other.cert.pem()).expect("write");
+        assert!(tls.reload().is_err(), "a key of another certificate");
+        assert!(Arc::ptr_eq(&first, &tls.current()));
+
+        self_signed(&cert, &key);
+        tls.reload().expect("a good pair reloads");
+        assert!(!Arc::ptr_eq(&first, &tls.current()), "replaced");
+    }
+
     #[test]
     fn a_file_without_pem_blocks_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
