@@ -71,6 +71,8 @@ pub struct Server {
     data_dir: PathBuf,
     log: PathBuf,
     args: Vec<String>,
+    /// The CA its HTTP certificate is verified with, when it serves TLS.
+    trust: Option<reqwest::Certificate>,
 }
 
 impl Server {
@@ -86,6 +88,19 @@ impl Server {
         http_port: u16,
         grpc_port: u16,
         extra: Vec<String>,
+    ) -> Result<Server> {
+        Self::spawn_trusting(id, data_dir, http_port, grpc_port, extra, None).await
+    }
+
+    /// [`Server::spawn`]; with `trust`, a node serving TLS (`extra` names its certificate)
+    /// reached over `https://` and verified with the CA `trust`.
+    pub async fn spawn_trusting(
+        id: u64,
+        data_dir: &Path,
+        http_port: u16,
+        grpc_port: u16,
+        extra: Vec<String>,
+        trust: Option<reqwest::Certificate>,
     ) -> Result<Server> {
         let mut args = vec![
             "--node-id".to_string(),
@@ -105,13 +120,17 @@ impl Server {
         let log = data_dir.with_extension("log");
         let mut server = Server {
             child: Self::launch(&args, &log)?,
-            url: format!("http://127.0.0.1:{http_port}"),
+            url: format!(
+                "{}://127.0.0.1:{http_port}",
+                if trust.is_some() { "https" } else { "http" }
+            ),
             id,
             grpc: format!("127.0.0.1:{grpc_port}"),
             port: http_port,
             data_dir: data_dir.to_path_buf(),
             log,
             args,
+            trust,
         };
         server.wait_ready().await?;
         Ok(server)
@@ -129,8 +148,17 @@ impl Server {
             .context("spawn delayd")
     }
 
+    /// An HTTP client builder that trusts this node's CA, if it serves TLS.
+    pub fn client_builder(&self) -> reqwest::ClientBuilder {
+        let builder = reqwest::Client::builder();
+        match &self.trust {
+            Some(ca) => builder.add_root_certificate(ca.clone()),
+            None => builder,
+        }
+    }
+
     async fn wait_ready(&mut self) -> Result<()> {
-        let client = reqwest::Client::new();
+        let client = self.client_builder().build()?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -206,6 +234,7 @@ impl Server {
             data_dir: self.data_dir.clone(),
             log: self.log.clone(),
             args,
+            trust: self.trust.clone(),
         };
         server.wait_ready().await?;
         Ok(server)
@@ -229,7 +258,9 @@ pub struct Api {
 impl Api {
     /// A client of `server`.
     pub fn new(server: &Server) -> Api {
-        Api { http: reqwest::Client::new(), base: server.url.clone() }
+        // Only a bad CA certificate fails the build, and `spawn_trusting` built with it.
+        let http = server.client_builder().build().unwrap_or_default();
+        Api { http, base: server.url.clone() }
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, Value)> {
@@ -310,6 +341,16 @@ impl Cluster {
     /// Starts `n` founding nodes, node index `i` with the flags `extra(i)`, and waits until
     /// one leads.
     pub async fn start_each(n: u64, extra: impl Fn(usize) -> Vec<String>) -> Result<Cluster> {
+        Self::start_each_trusting(n, extra, None).await
+    }
+
+    /// [`Cluster::start_each`] with nodes serving TLS, verified with the CA `trust` (see
+    /// [`Server::spawn_trusting`]).
+    pub async fn start_each_trusting(
+        n: u64,
+        extra: impl Fn(usize) -> Vec<String>,
+        trust: Option<reqwest::Certificate>,
+    ) -> Result<Cluster> {
         let dir = tempfile::tempdir()?;
         let ports: Vec<(u16, u16)> =
             (0..n).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
@@ -324,7 +365,8 @@ impl Cluster {
             let mut args = vec!["--peers".to_string(), peers.clone()];
             args.extend(extra(i));
             let data = dir.path().join(format!("node{}", i + 1));
-            nodes.push(Server::spawn(i as u64 + 1, &data, *h, *g, args).await?);
+            let id = i as u64 + 1;
+            nodes.push(Server::spawn_trusting(id, &data, *h, *g, args, trust.clone()).await?);
         }
         let cluster = Cluster { nodes, dir };
         cluster.leader(Duration::from_secs(20)).await?;
@@ -349,7 +391,9 @@ impl Cluster {
         eventually(within, || async {
             let mut seen = None;
             for &i in among {
-                let api = Api::with_timeout(&self.nodes[i].url, Duration::from_millis(500))?;
+                let node = &self.nodes[i];
+                let http = node.client_builder().timeout(Duration::from_millis(500)).build()?;
+                let api = Api { http, base: node.url.clone() };
                 let Ok((200, h)) = api.get("/health").await else { return Ok(None) };
                 let Some(l) = h["leader"].as_u64() else { return Ok(None) };
                 if seen.is_some_and(|s| s != l) {

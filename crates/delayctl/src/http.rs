@@ -126,16 +126,32 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of `nodes` (tried in order) that sends `token`, if any, on every request.
-    pub fn new(nodes: Vec<Url>, token: Option<String>, timeout: Duration) -> Result<Client> {
-        let http = reqwest::Client::builder()
+    /// A client of `nodes` (tried in order) that sends `token`, if any, on every request and
+    /// also trusts the CA certificates in the PEM file `ca_file`, if any.
+    pub fn new(
+        nodes: Vec<Url>,
+        token: Option<String>,
+        timeout: Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Client> {
+        // delayd redirects only a backup to the leader, and that request needs its
+        // credential, which reqwest drops on a redirect to another host: the caller follows
+        // it itself.
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(timeout)
-            // delayd redirects only a backup to the leader, and that request needs its
-            // credential, which reqwest drops on a redirect to another host: the caller
-            // follows it itself.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .context("cannot build the HTTP client")?;
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(path) = ca_file {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("cannot read the CA file {}", path.display()))?;
+            let cas = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|cas| !cas.is_empty())
+                .with_context(|| format!("{} holds no PEM certificate", path.display()))?;
+            for ca in cas {
+                builder = builder.add_root_certificate(ca);
+            }
+        }
+        let http = builder.build().context("cannot build the HTTP client")?;
         Ok(Client { http, nodes, token, timeout })
     }
 

@@ -72,6 +72,9 @@ struct Global {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     timeout_ms: u64,
+    /// PEM CA certificate(s) to verify `https://` nodes with, besides the system's roots.
+    #[arg(long, global = true, env = "DELAYCTL_CA_FILE", value_name = "PEM")]
+    ca_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -481,7 +484,8 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<u8> {
     let g = cli.global;
-    let client = Client::new(g.addr, g.token, Duration::from_millis(g.timeout_ms))?;
+    let client =
+        Client::new(g.addr, g.token, Duration::from_millis(g.timeout_ms), g.ca_file.as_deref())?;
     let out = execute(&client, cli.command).await?;
     let mut stdout = std::io::stdout().lock();
     if g.json {

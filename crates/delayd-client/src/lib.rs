@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use delayd_proto::tls::TlsConnector;
 use delayd_proto::v1 as pb;
 use delayd_proto::v1::delayd_client::DelaydClient;
 use tokio::sync::mpsc;
@@ -137,6 +138,18 @@ pub struct Options {
     /// The credential sent with every call (`authorization: Bearer`): a namespace token, or
     /// the admin token. `None` for a node started with `--dev`.
     pub token: Option<String>,
+    /// Talk TLS to nodes served with `tls_cert_file`, verifying them with this configuration
+    /// (e.g. [`tls_config`] with the CA that signed them); `host:port` addresses then mean
+    /// `https://`. `None`: plain text.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// A TLS configuration that trusts the CA certificates in the PEM text `ca_pem` (and only
+/// them), for [`Options::tls`].
+pub fn tls_config(ca_pem: &[u8]) -> Result<Arc<rustls::ClientConfig>, Error> {
+    delayd_proto::tls::client_config(ca_pem)
+        .map(Arc::new)
+        .map_err(|e| Error::Invalid(format!("CA certificates: {e}")))
 }
 
 impl std::fmt::Debug for Options {
@@ -147,6 +160,7 @@ impl std::fmt::Debug for Options {
             .field("retry_for", &self.retry_for)
             .field("connect_timeout", &self.connect_timeout)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -158,6 +172,7 @@ impl Default for Options {
             retry_for: Duration::from_secs(15),
             connect_timeout: Duration::from_secs(1),
             token: None,
+            tls: None,
         }
     }
 }
@@ -293,7 +308,11 @@ impl Client {
         let mut last = String::new();
         for addr in addrs {
             let endpoint = client.endpoint(addr)?;
-            match endpoint.connect().await {
+            let connected = match &client.inner.options.tls {
+                Some(tls) => endpoint.connect_with_connector(TlsConnector::new(tls.clone())).await,
+                None => endpoint.connect().await,
+            };
+            match connected {
                 Ok(channel) => {
                     lock(&client.inner.channels).insert(addr.clone(), channel);
                     return Ok(client);
@@ -305,7 +324,8 @@ impl Client {
     }
 
     fn endpoint(&self, addr: &str) -> Result<Endpoint, Error> {
-        let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
+        let scheme = if self.inner.options.tls.is_some() { "https" } else { "http" };
+        let uri = if addr.contains("://") { addr.to_owned() } else { format!("{scheme}://{addr}") };
         Ok(Endpoint::from_shared(uri)
             .map_err(|e| Error::Address(format!("{addr}: {e}")))?
             .connect_timeout(self.inner.options.connect_timeout)
@@ -330,7 +350,11 @@ impl Client {
         if let Some(c) = lock(&self.inner.channels).get(addr) {
             return Ok(c.clone());
         }
-        let channel = self.endpoint(addr)?.connect_lazy();
+        let endpoint = self.endpoint(addr)?;
+        let channel = match &self.inner.options.tls {
+            Some(tls) => endpoint.connect_with_connector_lazy(TlsConnector::new(tls.clone())),
+            None => endpoint.connect_lazy(),
+        };
         lock(&self.inner.channels).insert(addr.to_owned(), channel.clone());
         Ok(channel)
     }

@@ -128,6 +128,7 @@ fn quick() -> Options {
         retry_for: Duration::from_secs(10),
         connect_timeout: Duration::from_millis(500),
         token: None,
+        tls: None,
     }
 }
 

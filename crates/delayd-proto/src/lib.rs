@@ -11,6 +11,8 @@ pub mod v1 {
     tonic::include_proto!("delayd.v1");
 }
 
+pub mod tls;
+
 /// Whether tonic produced `status` because it could not open a connection (refused, timed
 /// out, no route): then the call never left the caller, so nothing can have happened. A
 /// status the peer sent has no such source. Shared by the node's transport and the client.

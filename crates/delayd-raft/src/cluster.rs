@@ -147,7 +147,8 @@ impl Cluster {
         let inbox = sm.inbox();
         let network = GrpcNetwork::new(config.node_id, config.cluster_secret.as_deref())
             .map_err(ClusterError::BadRequest)?
-            .with_filter(config.faults.clone());
+            .with_filter(config.faults.clone())
+            .with_tls(config.tls.clone());
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
                 .await
@@ -224,18 +225,26 @@ impl Cluster {
             secret: self.inner.config.cluster_secret.clone(),
             previous_secrets: self.inner.config.previous_cluster_secrets.clone(),
             contact: self.inner.contact.clone(),
+            peer_certs: self.inner.config.tls.as_ref().is_some_and(|t| t.peer_certs_required()),
         };
         let routes = server::routes(services, extra);
-        let mut stop = self.inner.shutdown.subscribe();
-        let task = tokio::spawn(async move {
-            let stopped = async move {
+        let stopped = {
+            let mut stop = self.inner.shutdown.subscribe();
+            move || async move {
                 let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = server::serve(listener, routes, stopped).await {
+            }
+        };
+        let tls = self.inner.config.tls.clone();
+        let mut tasks = Vec::new();
+        if let Some(tls) = &tls {
+            tasks.push(tokio::spawn(tls.clone().watch(stopped.clone()())));
+        }
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = server::serve_with_tls(listener, tls, routes, stopped()).await {
                 tracing::error!(error = %e, "internal gRPC server stopped");
             }
-        });
-        self.inner.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(task);
+        }));
+        self.inner.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend(tasks);
         self.form().await?;
         tracing::info!(
             node_id = self.inner.config.node_id,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::faults::FaultFilter;
 use crate::propose::ProposerConfig;
+use crate::tls::Tls;
 
 /// A node's cluster settings. [`ClusterConfig::default`] is a single-node cluster on the
 /// default ports with the timeouts documented in `docs/failover.md`.
@@ -55,6 +56,9 @@ pub struct ClusterConfig {
     pub lease_reads: bool,
     /// Tests only: every outgoing node-to-node call passes through this filter first.
     pub faults: Option<Arc<dyn FaultFilter>>,
+    /// TLS for the gRPC listener and for connections to peers (mutual, with a peer CA);
+    /// `None`: plain text. See [`crate::tls`].
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// Raft's timeouts, in milliseconds; `docs/failover.md` explains how each bounds failover.
@@ -123,6 +127,7 @@ impl Default for ClusterConfig {
             keep_logs: 10_000,
             lease_reads: true,
             faults: None,
+            tls: None,
         }
     }
 }
@@ -145,6 +150,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("snapshot_logs", &self.snapshot_logs)
             .field("keep_logs", &self.keep_logs)
             .field("lease_reads", &self.lease_reads)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }

@@ -49,6 +49,7 @@ pub mod propose;
 pub mod pump;
 pub mod relay;
 pub mod server;
+pub mod tls;
 
 pub use cluster::{Cluster, Observer};
 pub use config::{ClusterConfig, Timing};

@@ -105,6 +105,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
 use crate::faults::{FaultFilter, Verdict};
+use crate::tls::{peer_connector, Tls};
 
 /// The largest gRPC message a node sends or accepts, on both the client and the server side.
 /// tonic's default of 4 MiB is smaller than a batch of log entries can be.
@@ -142,6 +143,8 @@ pub struct GrpcNetwork {
     me: NodeId,
     /// Tests: sees every outgoing call first.
     filter: Option<Arc<dyn FaultFilter>>,
+    /// With TLS on, peers are reached over `https://` through [`peer_connector`].
+    tls: Option<Arc<Tls>>,
 }
 
 /// Why [`GrpcNetwork::forward`] failed.
@@ -173,6 +176,14 @@ impl GrpcNetwork {
             None => None,
         };
         Ok(GrpcNetwork { secret, me, ..GrpcNetwork::default() })
+    }
+
+    /// Reaches peers over TLS with `tls`'s peer configuration (see [`crate::tls`]): the
+    /// peer's certificate is verified against the peer CA for the host of its address.
+    /// Applies to channels created afterwards.
+    pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> GrpcNetwork {
+        self.tls = tls;
+        self
     }
 
     /// Passes every outgoing call through `filter` first (tests).
@@ -209,7 +220,8 @@ impl GrpcNetwork {
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
-        let uri = if addr.contains("://") { addr.to_owned() } else { format!("http://{addr}") };
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let uri = if addr.contains("://") { addr.to_owned() } else { format!("{scheme}://{addr}") };
         let endpoint = Endpoint::from_shared(uri)
             .map_err(|e| format!("invalid peer address {addr:?}: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
@@ -217,7 +229,10 @@ impl GrpcNetwork {
             .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
             .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
-        let channel = endpoint.connect_lazy();
+        let channel = match &self.tls {
+            Some(tls) => endpoint.connect_with_connector_lazy(peer_connector(tls.clone())),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(addr.to_owned(), channel.clone());
         Ok(channel)
     }

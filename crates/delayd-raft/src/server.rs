@@ -20,7 +20,9 @@
 //!
 //! `Raft` and `Internal` are for the cluster's own nodes: with a cluster credential every call
 //! must carry it in [`CLUSTER_HEADER`], so that a client of a public API on the same port can
-//! neither inject Raft messages nor forward commands past authentication.
+//! neither inject Raft messages nor forward commands past authentication. With peer mutual
+//! TLS ([`crate::tls`], `peer_ca_file`) every call must also come over a connection whose
+//! client certificate the peer CA signed; the two checks stand beside each other.
 //!
 //! The gRPC deadline a caller sends is enforced by tonic: a handler whose caller gave up is
 //! dropped. Dropping openraft's `append_entries` or `vote` only discards the reply, but a
@@ -50,6 +52,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::network::MAX_MESSAGE_BYTES;
+use crate::tls::{incoming, Tls, TlsConnectInfo};
 
 /// Handles `Internal.Forward` calls: what a forwarded payload means is the handler's business.
 #[tonic::async_trait]
@@ -62,12 +65,16 @@ pub trait ForwardHandler: Send + Sync + 'static {
 /// Metadata key of the cluster credential on `Raft` and `Internal` calls.
 pub const CLUSTER_HEADER: &str = "x-delayd-cluster";
 
-/// Refuses `Raft` and `Internal` calls that do not carry a cluster credential.
+/// Refuses `Raft` and `Internal` calls that do not carry a cluster credential, and, when
+/// peer certificates are required, calls over a connection that showed none.
 #[derive(Clone)]
 pub struct ClusterGuard {
     /// The credentials accepted: the node's own, then any still accepted during a rotation.
     /// Empty: the services are open.
     secrets: Arc<[String]>,
+    /// The connection must have shown a client certificate. The TLS handshake verified it
+    /// against the peer CA (an unverifiable one fails the handshake), so any shown is a peer's.
+    peer_cert: bool,
     /// When a refusal was last logged (unix s): a misconfigured peer retries many times a
     /// second, one warning per interval is enough to find it.
     last_warning: Arc<AtomicU64>,
@@ -80,12 +87,42 @@ impl ClusterGuard {
             Some(secret) => std::iter::once(secret).chain(previous).collect(),
             None => Arc::from([]),
         };
-        ClusterGuard { secrets, last_warning: Arc::default() }
+        ClusterGuard { secrets, peer_cert: false, last_warning: Arc::default() }
     }
+
+    /// Also requires a client certificate verified by the peer CA (`required`: mutual TLS).
+    pub fn requiring_peer_certs(mut self, required: bool) -> ClusterGuard {
+        self.peer_cert = required;
+        self
+    }
+
+    /// Logs a refusal, at most once per interval.
+    fn warn(&self, why: &str) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if now.saturating_sub(self.last_warning.swap(now, Ordering::Relaxed)) >= 10 {
+            tracing::warn!("refused an internal call {why}");
+        }
+    }
+}
+
+/// Whether the call came over a TLS connection whose client showed a certificate.
+fn shows_peer_cert<T>(request: &Request<T>) -> bool {
+    request.extensions().get::<TlsConnectInfo>().is_some_and(|info| info.peer_certified)
 }
 
 impl tonic::service::Interceptor for ClusterGuard {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if self.peer_cert && !shows_peer_cert(&request) {
+            self.warn(
+                "over a connection without a peer certificate: with peer_ca_file set, every \
+                 node needs a certificate signed by that CA",
+            );
+            return Err(Status::unauthenticated(
+                "internal services need a certificate signed by the peer CA",
+            ));
+        }
         if self.secrets.is_empty() {
             return Ok(request);
         }
@@ -95,15 +132,10 @@ impl tonic::service::Interceptor for ClusterGuard {
         if matched > 0 {
             return Ok(request);
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if now.saturating_sub(self.last_warning.swap(now, Ordering::Relaxed)) >= 10 {
-            tracing::warn!(
-                "refused an internal call without the cluster credential: every node of a \
-                 cluster needs the same cluster_secret (or one in previous_cluster_secrets)"
-            );
-        }
+        self.warn(
+            "without the cluster credential: every node of a cluster needs the same \
+             cluster_secret (or one in previous_cluster_secrets)",
+        );
         Err(Status::unauthenticated("internal services need the cluster credential"))
     }
 }
@@ -158,13 +190,15 @@ pub struct Services {
     pub previous_secrets: Vec<String>,
     /// Updated whenever a leader's AppendEntries is accepted.
     pub contact: LeaderContact,
+    /// Peers must also show a certificate signed by the peer CA (mutual TLS).
+    pub peer_certs: bool,
 }
 
 /// The node's internal services beside `extra` (the owner's own services, if any), ready to
 /// serve.
 pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
-    let Services { raft, inbox, forward, secret, previous_secrets, contact } = services;
-    let guard = ClusterGuard::new(secret, previous_secrets);
+    let Services { raft, inbox, forward, secret, previous_secrets, contact, peer_certs } = services;
+    let guard = ClusterGuard::new(secret, previous_secrets).requiring_peer_certs(peer_certs);
     let raft = RaftServer::new(RaftService { raft, inbox, contact })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -193,12 +227,26 @@ pub async fn serve(
     routes: Routes,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+    serve_with_tls(listener, None, routes, shutdown).await
+}
+
+/// [`serve`], over TLS only when `tls` is given: a client that does not complete a TLS
+/// handshake (a plain-text one) is dropped.
+pub async fn serve_with_tls(
+    listener: TcpListener,
+    tls: Option<Arc<Tls>>,
+    routes: Routes,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let server =
+        Server::builder().max_concurrent_streams(MAX_STREAMS_PER_CONNECTION).add_routes(routes);
+    match tls {
+        Some(tls) => server.serve_with_incoming_shutdown(incoming(listener, tls), shutdown).await,
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            server.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+    }
 }
 
 /// The `Raft` service over the local node.
@@ -357,5 +405,31 @@ mod tests {
 
         let mut open = ClusterGuard::new(None, Vec::new());
         assert_eq!(call(&mut open, None), Ok(()), "no secret: development only");
+    }
+
+    fn call_tls(guard: &mut ClusterGuard, secret: Option<&str>, certified: Option<bool>) -> bool {
+        let mut request = Request::new(());
+        if let Some(s) = secret {
+            request.metadata_mut().insert(CLUSTER_HEADER, s.parse().expect("ascii"));
+        }
+        if let Some(peer_certified) = certified {
+            request.extensions_mut().insert(TlsConnectInfo { remote_addr: None, peer_certified });
+        }
+        guard.call(request).is_ok()
+    }
+
+    #[test]
+    fn with_peer_certificates_required_both_credentials_are_checked() {
+        let mut guard =
+            ClusterGuard::new(Some("s3cret".into()), Vec::new()).requiring_peer_certs(true);
+        assert!(call_tls(&mut guard, Some("s3cret"), Some(true)));
+        assert!(!call_tls(&mut guard, Some("s3cret"), Some(false)), "TLS without a certificate");
+        assert!(!call_tls(&mut guard, Some("s3cret"), None), "not TLS at all");
+        assert!(
+            !call_tls(&mut guard, Some("wrong"), Some(true)),
+            "a certificate is not the secret"
+        );
+        let mut open = ClusterGuard::new(None, Vec::new());
+        assert!(call_tls(&mut open, None, None), "without either requirement the guard is open");
     }
 }

@@ -64,6 +64,7 @@ impl TestNode {
             secret: None,
             previous_secrets: Vec::new(),
             contact: Default::default(),
+            peer_certs: false,
         };
         let routes = server::routes(services, None);
         let server = tokio::spawn(server::serve(listener, routes, async {

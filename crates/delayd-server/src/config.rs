@@ -3,7 +3,10 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use delayd_raft::tls::Tls;
 
 /// Everything a node needs to start. Defaults are the embedded single-node setup.
 #[derive(Clone, Debug)]
@@ -79,6 +82,9 @@ pub struct Config {
     /// Test-only: serve `/debug/clock`, which shifts this node's wall clock. Chaos tests use
     /// it to inject clock skew; never enable it in production.
     pub debug_clock: bool,
+    /// TLS for the HTTP and gRPC listeners and mutual TLS between peers, loaded; `None`:
+    /// plain text. See `delayd_raft::tls`.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl Default for Config {
@@ -117,6 +123,7 @@ impl Default for Config {
             beanstalk_namespace: "beanstalk".into(),
             ready_max_lag: 1000,
             debug_clock: false,
+            tls: None,
         }
     }
 }
@@ -165,6 +172,13 @@ impl Config {
             .map_err(|e| format!("disque_namespace: {e}"))?;
         crate::service::validate::check_name("namespace", &self.beanstalk_namespace)
             .map_err(|e| format!("beanstalk_namespace: {e}"))?;
+        let cluster = self.initial_members.len() > 1 || self.join;
+        if cluster && self.tls.as_ref().is_some_and(|t| !t.peer_certs_required()) {
+            // Peers are reached over TLS too, and there is nothing to verify them with.
+            return Err("a cluster with tls_cert_file needs peer_ca_file, the CA that signs the \
+                        nodes' certificates"
+                .into());
+        }
         self.http.validate()
     }
 
@@ -219,6 +233,7 @@ impl Config {
             keep_logs: self.keep_logs,
             lease_reads: self.lease_reads,
             faults: None,
+            tls: self.tls.clone(),
         }
     }
 }

@@ -50,6 +50,8 @@ mod scheduler;
 pub mod service;
 
 pub use config::Config;
+/// TLS for the listeners and between peers (the settings are loaded into [`tls::Tls`]).
+pub use delayd_raft::tls;
 pub use error::ServiceError;
 pub use node::Node;
 pub use service::{Principal, Service};

@@ -100,9 +100,10 @@ impl Node {
             .await
             .map_err(|e| ServiceError::Internal(format!("cannot listen on {addr}: {e}")))?;
         let limits = config.http.clone();
+        let tls = config.tls.clone();
         let node = Node::start(config).await?;
         match listener.local_addr() {
-            Ok(addr) => tracing::info!(%addr, "serving HTTP"),
+            Ok(addr) => tracing::info!(%addr, tls = node.config().tls.is_some(), "serving HTTP"),
             Err(e) => tracing::warn!(error = %e, "serving HTTP on an address the OS cannot name"),
         }
         let service = node.service().clone();
@@ -111,7 +112,8 @@ impl Node {
                 shutdown.await;
                 service.drain();
             };
-            let served = crate::http::serve_http(listener, node.router(), &limits, stop).await;
+            let served =
+                crate::http::serve_http_with_tls(listener, node.router(), &limits, tls, stop).await;
             // Also when serving failed: the step-down below waits for the drain.
             service.drain();
             served

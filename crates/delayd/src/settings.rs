@@ -169,6 +169,18 @@ pub struct Settings {
     /// /ready with 200 [default: 1000].
     #[arg(long, env = "DELAYD_READY_MAX_LAG")]
     pub ready_max_lag: Option<u64>,
+    /// PEM certificate chain (leaf first) served on the HTTP and gRPC ports; with it both
+    /// speak TLS only. Reloaded on SIGHUP and when the file changes [default: none, plain
+    /// text].
+    #[arg(long, env = "DELAYD_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of tls_cert_file [default: none].
+    #[arg(long, env = "DELAYD_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA that signs node certificates: turns on mutual TLS between peers, whose internal
+    /// calls must then show a certificate it signed (docs/tls.md) [default: none].
+    #[arg(long, env = "DELAYD_PEER_CA_FILE")]
+    pub peer_ca_file: Option<PathBuf>,
     /// Test-only: serve /debug/clock to shift this node's clock (chaos testing) [default:
     /// false].
     #[arg(long, env = "DELAYD_DEBUG_CLOCK", num_args = 0..=1, default_missing_value = "true",
@@ -241,6 +253,9 @@ impl Settings {
             drain_timeout_ms: Some(millis(c.http.drain_timeout)),
             ready_max_lag: Some(c.ready_max_lag),
             debug_clock: Some(false),
+            tls_cert_file: None,
+            tls_key_file: None,
+            peer_ca_file: None,
         }
     }
 
@@ -258,7 +273,7 @@ impl Settings {
             election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token,
             admin_token_file, previous_admin_tokens, cluster_secret, cluster_secret_file,
             previous_cluster_secrets, public_metrics, log_level, log_json, drain_timeout_ms,
-            ready_max_lag, debug_clock,
+            ready_max_lag, debug_clock, tls_cert_file, tls_key_file, peer_ca_file,
         )
     }
 
@@ -446,9 +461,21 @@ impl Settings {
                 .unwrap_or(d.beanstalk_namespace.clone()),
             ready_max_lag: self.ready_max_lag.unwrap_or(d.ready_max_lag),
             debug_clock: self.debug_clock.unwrap_or(false),
+            tls: self.tls()?,
         };
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(config)
+    }
+
+    /// The TLS files, read and checked now (see `delayd_raft::tls`); `None` without TLS.
+    fn tls(&self) -> anyhow::Result<Option<std::sync::Arc<delayd_server::tls::Tls>>> {
+        let files = delayd_server::tls::TlsFiles::from_settings(
+            self.tls_cert_file.clone(),
+            self.tls_key_file.clone(),
+            self.peer_ca_file.clone(),
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
+        Ok(files.map(delayd_server::tls::Tls::load).transpose()?)
     }
 
     /// Where the admin token is read from (and written to, when missing).
@@ -656,6 +683,25 @@ mod tests {
             let err = format!("{:#}", s.over(Settings::defaults()).to_config().expect_err(key));
             assert!(err.contains(key), "{err}");
         }
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_are_named_when_unreadable() {
+        let err = |toml: &str| -> String {
+            match Settings::from_toml(toml).and_then(|s| s.over(Settings::defaults()).to_config()) {
+                Ok(_) => panic!("{toml:?} was accepted"),
+                Err(e) => format!("{e:#}"),
+            }
+        };
+        assert!(
+            err("tls_cert_file = \"c.pem\"").contains("tls_cert_file is set without tls_key_file")
+        );
+        assert!(
+            err("tls_key_file = \"k.pem\"").contains("tls_key_file is set without tls_cert_file")
+        );
+        assert!(err("peer_ca_file = \"ca.pem\"").contains("peer_ca_file needs tls_cert_file"));
+        let missing = err("tls_cert_file = \"/nonexistent/c.pem\"\ntls_key_file = \"k.pem\"");
+        assert!(missing.contains("tls_cert_file /nonexistent/c.pem: No such file"), "{missing}");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use axum::Router;
 
 use crate::service::Service;
 
-pub use serve::serve_http;
+pub use serve::{serve_http, serve_http_with_tls};
 
 /// The HTTP API over `service`.
 pub fn router(service: &Service) -> Router {

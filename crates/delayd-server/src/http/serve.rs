@@ -22,6 +22,10 @@
 //! streams are bounded by [`H2_MAX_STREAMS`], and a peer that stops answering pings (every
 //! [`H2_PING_INTERVAL`]) is dropped even with streams open.
 //!
+//! TLS ([`serve_http_with_tls`]): the handshake runs on the connection's own task and counts
+//! against the header timeout; a client that does not complete it (a plain-text one) is
+//! dropped. ALPN offers h2 and http/1.1.
+//!
 //! A request body that trickles in slowly is not bounded here (its request is in flight); the
 //! connection limit bounds how many such clients can be served at once.
 
@@ -44,6 +48,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 use tower::ServiceExt;
+
+use delayd_raft::tls::Tls;
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::HttpLimits;
 
@@ -69,6 +76,18 @@ pub async fn serve_http(
     listener: TcpListener,
     router: Router,
     limits: &HttpLimits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    serve_http_with_tls(listener, router, limits, None, shutdown).await
+}
+
+/// [`serve_http`], over TLS only when `tls` is given (see the module docs); each connection
+/// takes the certificates current at its handshake.
+pub async fn serve_http_with_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: &HttpLimits,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let max = u32::try_from(limits.max_connections)
@@ -114,6 +133,7 @@ pub async fn serve_http(
             limits: limits.clone(),
             stop: stop_rx.clone(),
             cut: cut_rx.clone(),
+            tls: tls.as_ref().map(|t| t.http_acceptor()),
         };
         tokio::spawn(async move {
             conn.serve(tcp).await;
@@ -159,6 +179,8 @@ struct Connection {
     stop: watch::Receiver<bool>,
     /// Set when the drain deadline has passed: the connection is dropped, requests and all.
     cut: watch::Receiver<bool>,
+    /// The TLS acceptor, when the listener speaks TLS.
+    tls: Option<TlsAcceptor>,
 }
 
 impl Connection {
@@ -170,8 +192,27 @@ impl Connection {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
         }
+        // Created before the handshake: the header timeout counts from the accept.
         let activity = Arc::new(Activity::new());
-        let io = TokioIo::new(Watched { inner: tcp, activity: activity.clone() });
+        match self.tls.take() {
+            None => self.serve_io(tcp, activity).await,
+            Some(acceptor) => {
+                let handshake = acceptor.accept(tcp);
+                match tokio::time::timeout(self.limits.header_timeout, handshake).await {
+                    Ok(Ok(tls)) => self.serve_io(tls, activity).await,
+                    Ok(Err(e)) => tracing::debug!(error = %e, "HTTP TLS handshake failed"),
+                    Err(_) => tracing::debug!("HTTP TLS handshake timed out"),
+                }
+            }
+        }
+    }
+
+    /// Serves the connection's (plain or TLS) stream.
+    async fn serve_io<S>(mut self, stream: S, activity: Arc<Activity>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(Watched { inner: stream, activity: activity.clone() });
         let router = self.router.clone();
         let service = hyper::service::service_fn({
             let activity = activity.clone();
@@ -318,12 +359,12 @@ impl Drop for InFlight {
 }
 
 /// The client's socket, telling the watchdog when bytes arrive.
-struct Watched {
-    inner: TcpStream,
+struct Watched<S> {
+    inner: S,
     activity: Arc<Activity>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -338,7 +379,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
