@@ -49,7 +49,10 @@ pub async fn save(client: &Client, path: &Path, digest: bool) -> Result<Saved> {
         let Some(leader) = reply.body["leader_http"].as_str() else {
             bail!("{}; its address is unknown", http::message(&reply.body));
         };
+        let asked = node.scheme().to_string();
         node = http::parse_addr(leader).map_err(anyhow::Error::msg)?;
+        // The leader speaks what the node asked speaks: every node has TLS on, or none.
+        node.set_scheme(&asked).map_err(|()| anyhow::anyhow!("cannot use {asked} for {node}"))?;
         resp = client.open_at(&node, &call).await?;
     }
     if !resp.status().is_success() {

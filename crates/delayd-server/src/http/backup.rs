@@ -34,9 +34,10 @@ pub(crate) async fn save(State(s): State<Service>, Caller(caller): Caller, p: Pa
                 })),
             )
                 .into_response();
-            if let Some(location) =
-                http.and_then(|h| HeaderValue::try_from(format!("http://{h}/admin/snapshot")).ok())
-            {
+            let scheme = if s.config().tls.is_some() { "https" } else { "http" };
+            let location = http
+                .and_then(|h| HeaderValue::try_from(format!("{scheme}://{h}/admin/snapshot")).ok());
+            if let Some(location) = location {
                 response.headers_mut().insert(header::LOCATION, location);
             }
             return Ok(response);
