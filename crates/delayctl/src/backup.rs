@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+// The snapshot format's trailer checksum, shared with the store through the pure core.
+use delayd_core::checksum::Fnv64 as Fnv;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -136,7 +138,7 @@ fn verify(path: &Path) -> Result<u64> {
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
     ensure!(&magic == MAGIC, "the answer is not a delayd snapshot");
-    let mut hash = Fnv::new();
+    let mut hash = Fnv::default();
     hash.update(&magic);
     let mut remaining = len - 8 - 8;
     let mut buf = vec![0u8; 1 << 20];
@@ -150,28 +152,11 @@ fn verify(path: &Path) -> Result<u64> {
     r.read_exact(&mut trailer)?;
     let checksum = u64::from_be_bytes(trailer);
     ensure!(
-        checksum == hash.0,
+        checksum == hash.value(),
         "checksum mismatch: the file says {checksum:016x}, its content hashes to {:016x}",
-        hash.0
+        hash.value()
     );
     Ok(checksum)
-}
-
-/// FNV-1a 64, as the snapshot format's trailer uses (`delayd-store/src/snapshot.rs`): the
-/// CLI does not link the store, so the few lines are repeated here.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -181,10 +166,10 @@ mod tests {
     fn file_with(content: &[u8]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("b.snap");
-        let mut hash = Fnv::new();
+        let mut hash = Fnv::default();
         hash.update(content);
         let mut bytes = content.to_vec();
-        bytes.extend_from_slice(&hash.0.to_be_bytes());
+        bytes.extend_from_slice(&hash.value().to_be_bytes());
         fs::write(&path, bytes).expect("write");
         (dir, path)
     }

@@ -17,6 +17,7 @@
 //! - `Destroy`, `Respawn`, `Purge` and `Tick` do bounded work per command ([`limits`]) and say
 //!   when more is left; a large operation is several entries, so it is not atomic.
 
+pub mod checksum;
 pub mod codec;
 pub mod command;
 pub mod keys;

@@ -51,22 +51,8 @@ const END: u8 = 0xFF;
 /// allocate, far above anything the state machine stores.
 const MAX_FIELD_BYTES: u64 = 1 << 30;
 
-/// FNV-1a, 64 bit: cheap, dependency-free and good enough to detect accidental damage.
-#[derive(Clone, Copy)]
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
+/// The trailer's checksum.
+type Fnv = delayd_core::checksum::Fnv64;
 
 /// A writer that hashes what passes through it.
 struct HashWriter<W> {
@@ -112,7 +98,7 @@ pub(crate) fn write_to(
     meta: &Meta,
     view: &ReadView<'_>,
 ) -> Result<(), StoreError> {
-    let mut w = HashWriter { inner: out, hash: Fnv::new() };
+    let mut w = HashWriter { inner: out, hash: Fnv::default() };
     let io_err = |e| StoreError::io("writing snapshot", e);
 
     let meta_bytes = codec::encode(meta);
@@ -150,7 +136,7 @@ pub(crate) fn write_to(
 
     w.write_all(&[END]).map_err(io_err)?;
     w.write_all(&count.to_be_bytes()).map_err(io_err)?;
-    let checksum = w.hash.0;
+    let checksum = w.hash.value();
     let mut inner = w.inner;
     inner.write_all(&checksum.to_be_bytes()).map_err(io_err)?;
     inner.flush().map_err(io_err)
@@ -181,7 +167,7 @@ impl<R: Read> SnapshotReader<R> {
     /// Reads the header; returns the snapshot's meta and a reader positioned at the records.
     pub(crate) fn new(inner: R) -> Result<(Meta, Self), StoreError> {
         let mut r =
-            HashReader { inner: BufReader::with_capacity(1 << 20, inner), hash: Fnv::new() };
+            HashReader { inner: BufReader::with_capacity(1 << 20, inner), hash: Fnv::default() };
         let mut magic = [0u8; 8];
         r.read_exact(&mut magic).map_err(read_io)?;
         if &magic != MAGIC {
@@ -232,7 +218,7 @@ impl<R: Read> SnapshotReader<R> {
         if u64::from_be_bytes(count) != self.count {
             return Err(corrupt("record count does not match"));
         }
-        let expected = self.r.hash.0;
+        let expected = self.r.hash.value();
         let mut checksum = [0u8; 8];
         self.r.inner.read_exact(&mut checksum).map_err(read_io)?;
         if u64::from_be_bytes(checksum) != expected {
