@@ -128,8 +128,9 @@ async fn sigterm_answers_long_polls_hands_over_and_exits() -> Result<()> {
     let exit = tokio::task::block_in_place(|| cluster.nodes[leader].wait())?;
     let stopped = stopped_at.elapsed();
     ensure!(exit.success(), "exit {exit:?}");
-    // Drain (3 s at most) and the hand-over (2 s at most), not the long-poll's 600 s.
-    ensure!(stopped < Duration::from_secs(8), "stopped after {stopped:?}");
+    // The drain (3 s at most), the hand-over (2 s at most) and closing the store, not the
+    // long-poll's 600 s; with room for a loaded machine.
+    ensure!(stopped < Duration::from_secs(15), "stopped after {stopped:?}");
     let log = cluster.nodes[leader].log_text();
     ensure!(log.contains("handed leadership over"), "no hand-over in the log:\n{log}");
     let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
