@@ -28,6 +28,7 @@ use crate::clock::Clock;
 use crate::config::ClusterConfig;
 use crate::error::ClusterError;
 use crate::forward::{ForwardOp, ForwardReply, NodeStatus};
+use crate::identity::Identity;
 use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
@@ -66,6 +67,8 @@ struct Inner {
     listener: Mutex<Option<TcpListener>>,
     /// When a leader's AppendEntries was last accepted here.
     contact: LeaderContact,
+    /// The cluster's identity, when it has one.
+    identity: Identity,
 }
 
 /// How long [`Cluster::shutdown`] waits for its tasks (the gRPC server waits for calls in
@@ -145,10 +148,15 @@ impl Cluster {
                 .map_err(|e| ClusterError::Internal(e.to_string()))??;
         let reader = sm.reader();
         let inbox = sm.inbox();
+        let identity = Identity::load(log.cluster_ids())?;
+        if let Some(id) = identity.get() {
+            tracing::info!(cluster_id = %id, "cluster identity");
+        }
         let network = GrpcNetwork::new(config.node_id, config.cluster_secret.as_deref())
             .map_err(ClusterError::BadRequest)?
             .with_filter(config.faults.clone())
-            .with_tls(config.tls.clone());
+            .with_tls(config.tls.clone())
+            .with_identity(identity.clone());
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
                 .await
@@ -203,6 +211,7 @@ impl Cluster {
                 tasks: Mutex::new(tasks),
                 listener: Mutex::new(Some(listener)),
                 contact: LeaderContact::default(),
+                identity,
             }),
         })
     }
@@ -226,6 +235,7 @@ impl Cluster {
             previous_secrets: self.inner.config.previous_cluster_secrets.clone(),
             contact: self.inner.contact.clone(),
             peer_certs: self.inner.config.tls.as_ref().is_some_and(|t| t.peer_certs_required()),
+            identity: self.inner.identity.clone(),
         };
         let routes = server::routes(services, extra);
         let stopped = {

@@ -44,6 +44,7 @@ pub mod config;
 pub mod error;
 pub mod faults;
 pub mod forward;
+pub mod identity;
 pub mod network;
 pub mod propose;
 pub mod pump;

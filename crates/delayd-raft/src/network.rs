@@ -105,6 +105,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
 use crate::faults::{FaultFilter, Verdict};
+use crate::identity::Identity;
 use crate::tls::{peer_connector, Tls};
 
 /// The largest gRPC message a node sends or accepts, on both the client and the server side.
@@ -145,6 +146,8 @@ pub struct GrpcNetwork {
     filter: Option<Arc<dyn FaultFilter>>,
     /// With TLS on, peers are reached over `https://` through [`peer_connector`].
     tls: Option<Arc<Tls>>,
+    /// This node's cluster identity, carried on every call when it has one.
+    identity: Identity,
 }
 
 /// Why [`GrpcNetwork::forward`] failed.
@@ -206,10 +209,20 @@ impl GrpcNetwork {
         }
     }
 
-    /// Adds the cluster credential to an outgoing request.
+    /// Carries `identity` on every call (see [`crate::identity`]).
+    pub fn with_identity(mut self, identity: Identity) -> GrpcNetwork {
+        self.identity = identity;
+        self
+    }
+
+    /// Adds the cluster credential and identity to an outgoing request.
     fn sign<T>(&self, request: &mut tonic::Request<T>) {
         if let Some(v) = &self.secret {
             request.metadata_mut().insert(crate::server::CLUSTER_HEADER, v.clone());
+        }
+        let id = self.identity.get().and_then(|id| MetadataValue::try_from(id).ok());
+        if let Some(id) = id {
+            request.metadata_mut().insert(crate::identity::CLUSTER_ID_HEADER, id);
         }
     }
 

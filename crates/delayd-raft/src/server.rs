@@ -40,6 +40,7 @@ use delayd_proto::raft::{RaftReply, RaftRequest};
 use delayd_store::{Raft, Snapshot, SnapshotInbox, SnapshotMeta, TypeConfig, Vote};
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use openraft::async_runtime::watch::WatchReceiver;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, StreamAppendError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -51,6 +52,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::identity::{Identity, CLUSTER_ID_HEADER};
 use crate::network::MAX_MESSAGE_BYTES;
 use crate::tls::{incoming, Tls, TlsConnectInfo};
 
@@ -75,6 +77,9 @@ pub struct ClusterGuard {
     /// The connection must have shown a client certificate. The TLS handshake verified it
     /// against the peer CA (an unverifiable one fails the handshake), so any shown is a peer's.
     peer_cert: bool,
+    /// This node's cluster identity and its Raft node (to tell whether it has joined a
+    /// cluster yet); without them, identities are not checked.
+    identity: Option<(Identity, Raft)>,
     /// When a refusal was last logged (unix s): a misconfigured peer retries many times a
     /// second, one warning per interval is enough to find it.
     last_warning: Arc<AtomicU64>,
@@ -87,12 +92,18 @@ impl ClusterGuard {
             Some(secret) => std::iter::once(secret).chain(previous).collect(),
             None => Arc::from([]),
         };
-        ClusterGuard { secrets, peer_cert: false, last_warning: Arc::default() }
+        ClusterGuard { secrets, peer_cert: false, identity: None, last_warning: Arc::default() }
     }
 
     /// Also requires a client certificate verified by the peer CA (`required`: mutual TLS).
     pub fn requiring_peer_certs(mut self, required: bool) -> ClusterGuard {
         self.peer_cert = required;
+        self
+    }
+
+    /// Also requires the caller to be of this node's cluster ([`Identity::admit`]).
+    pub fn checking_identity(mut self, identity: Identity, raft: Raft) -> ClusterGuard {
+        self.identity = Some((identity, raft));
         self
     }
 
@@ -122,6 +133,19 @@ impl tonic::service::Interceptor for ClusterGuard {
             return Err(Status::unauthenticated(
                 "internal services need a certificate signed by the peer CA",
             ));
+        }
+        if let Some((identity, raft)) = &self.identity {
+            let shown = request.metadata().get(CLUSTER_ID_HEADER).and_then(|v| v.to_str().ok());
+            // A node that has joined no cluster has neither a membership nor a log.
+            let fresh = || {
+                let m = raft.metrics();
+                let m = m.borrow_watched();
+                m.last_log_index.is_none() && m.membership_config.membership().nodes().count() == 0
+            };
+            if let Err(why) = identity.admit(shown, fresh) {
+                self.warn(&format!("from another cluster: {why}"));
+                return Err(Status::permission_denied(format!("another cluster: {why}")));
+            }
         }
         if self.secrets.is_empty() {
             return Ok(request);
@@ -192,13 +216,18 @@ pub struct Services {
     pub contact: LeaderContact,
     /// Peers must also show a certificate signed by the peer CA (mutual TLS).
     pub peer_certs: bool,
+    /// This node's cluster identity, which callers must share.
+    pub identity: Identity,
 }
 
 /// The node's internal services beside `extra` (the owner's own services, if any), ready to
 /// serve.
 pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
-    let Services { raft, inbox, forward, secret, previous_secrets, contact, peer_certs } = services;
-    let guard = ClusterGuard::new(secret, previous_secrets).requiring_peer_certs(peer_certs);
+    let Services { raft, inbox, forward, secret, previous_secrets, contact, peer_certs, identity } =
+        services;
+    let guard = ClusterGuard::new(secret, previous_secrets)
+        .requiring_peer_certs(peer_certs)
+        .checking_identity(identity, raft.clone());
     let raft = RaftServer::new(RaftService { raft, inbox, contact })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -65,6 +65,7 @@ impl TestNode {
             previous_secrets: Vec::new(),
             contact: Default::default(),
             peer_certs: false,
+            identity: Default::default(),
         };
         let routes = server::routes(services, None);
         let server = tokio::spawn(server::serve(listener, routes, async {

@@ -22,9 +22,10 @@
 //! - the current snapshot is rebuilt from the loaded state, so a follower that later receives
 //!   it gets a file whose header names the new membership.
 //!
-//! What this does *not* do is tell the two clusters apart on the wire: peers authenticate
-//! with the cluster secret only. A restored node must therefore not be given the address of
-//! a node of the old cluster that is still running (see `docs/backup.md`).
+//! - the node gets the new cluster's identity (`identity.rs`): derived from the file's
+//!   checksum and the new membership, so every node restored alike has the same one, and
+//!   nodes of the old cluster and the new one refuse each other's Raft messages whatever
+//!   their addresses and secrets.
 //!
 //! **Recovery** ([`recover`]) turns the data of the one surviving node of a cluster that lost
 //! its quorum into a single-node cluster: it applies what the node's log holds beyond its
@@ -108,6 +109,9 @@ pub struct Restored {
     pub members: BTreeMap<NodeId, String>,
     /// The term of the vote it starts with; its first election is for a later term.
     pub term: u64,
+    /// The new cluster's identity: the same on every node restored from one file with one
+    /// membership, and different from the old cluster's (see `identity.rs`).
+    pub cluster_id: String,
 }
 
 /// Builds a new data directory at `data_dir` for node `node_id` of a new cluster of
@@ -173,9 +177,11 @@ pub fn restore(
     batch.put_cf(raft_meta, meta_key::LAST_PURGED, codec::encode(&last));
     batch.put_cf(raft_meta, meta_key::COMMITTED, codec::encode(&Some(last)));
     batch.put_cf(raft_meta, meta_key::VOTE, codec::encode(&Vote::new(term, node_id)));
+    let cluster_id = crate::identity::derive(source.checksum, members);
+    batch.put_cf(raft_meta, meta_key::CLUSTER_ID, codec::encode(&cluster_id));
     shared.db.write_opt(batch, &db::synced())?;
     drop((log, sm));
-    Ok(Restored { source, members: members.clone(), term })
+    Ok(Restored { source, members: members.clone(), term, cluster_id })
 }
 
 /// Refuses a directory that exists and holds anything.
@@ -224,6 +230,8 @@ pub struct Recovered {
     pub discarded: u64,
     /// The node's gRPC address in its new single-node membership.
     pub addr: String,
+    /// The new cluster's identity (see `identity.rs`).
+    pub cluster_id: String,
     /// Where the old directory was moved (kept for inspection; delete it when done).
     pub previous: PathBuf,
 }
@@ -327,6 +335,7 @@ pub fn recover(
         applied_index,
         discarded,
         addr,
+        cluster_id: restored.cluster_id,
         previous,
     })
 }

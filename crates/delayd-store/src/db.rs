@@ -33,6 +33,9 @@ pub(crate) mod meta_key {
     pub(crate) const SNAPSHOT: &[u8] = b"snapshot";
     /// `SnapshotRecord`: present while a snapshot install is incomplete.
     pub(crate) const INSTALLING: &[u8] = b"installing";
+    /// `String`: the identity of the cluster this node belongs to, when it has one (a cluster
+    /// made by a restore or a recovery; see `identity.rs`).
+    pub(crate) const CLUSTER_ID: &[u8] = b"cluster_id";
     /// Empty: the log syncer's synced write, which makes every earlier WAL write durable.
     pub(crate) const WAL_SYNC: &[u8] = b"wal_sync";
 }

@@ -76,6 +76,7 @@
 mod backup;
 mod db;
 mod error;
+mod identity;
 mod log;
 mod metrics;
 mod snapshot;
@@ -87,6 +88,7 @@ use std::sync::Arc;
 pub use backup::{recover, restore, verify_file, Recovered, Restored, SnapshotSummary, Tail};
 pub use db::{ReadView, StorageSizes};
 pub use error::StoreError;
+pub use identity::ClusterIdStore;
 pub use log::LogStore;
 pub use metrics::StoreMetrics;
 pub use state::{ApplyListener, SnapshotBuilder, SnapshotInbox, StateMachineStore, StateReader};

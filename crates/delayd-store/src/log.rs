@@ -28,6 +28,11 @@ pub struct LogStore {
 }
 
 impl LogStore {
+    /// The handle on this node's cluster identity (kept beside the log).
+    pub fn cluster_ids(&self) -> crate::ClusterIdStore {
+        crate::ClusterIdStore::new(self.db.clone())
+    }
+
     pub(crate) fn new(db: Arc<Db>, metrics: StoreMetrics) -> Result<Self, StoreError> {
         let syncer = Arc::new(Syncer {
             state: Mutex::default(),

@@ -80,6 +80,7 @@ pub fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     println!("checksum       {:016x}", s.checksum);
     println!("old members    {}", s.meta.last_membership.membership());
     println!("new members    {}", show_members(&restored.members));
+    println!("cluster_id     {}", restored.cluster_id);
     println!("node_id        {}", args.node_id);
     Ok(())
 }
@@ -98,6 +99,7 @@ pub fn recover(args: RecoverArgs) -> anyhow::Result<()> {
     println!("applied_index    {}", show(r.applied_index));
     println!("discarded        {}", r.discarded);
     println!("previous data    {}", r.previous.display());
+    println!("cluster_id       {}", r.cluster_id);
     Ok(())
 }
 
