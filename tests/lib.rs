@@ -323,6 +323,20 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Fresh `(http, grpc)` loopback ports for `n` founding nodes, and the `--peers` list that
+/// names node `i + 1` at the gRPC port of index `i`.
+pub fn founding_ports(n: u64) -> Result<(Vec<(u16, u16)>, String)> {
+    let ports: Vec<(u16, u16)> =
+        (0..n).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
+    let peers = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, g))| format!("{}=127.0.0.1:{g}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok((ports, peers))
+}
+
 /// A cluster of delayd processes on loopback, formed from one initial member list.
 pub struct Cluster {
     /// The nodes, index `i` holds node id `i + 1`; `None` once removed from the harness.
@@ -352,14 +366,7 @@ impl Cluster {
         trust: Option<reqwest::Certificate>,
     ) -> Result<Cluster> {
         let dir = tempfile::tempdir()?;
-        let ports: Vec<(u16, u16)> =
-            (0..n).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
-        let peers = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, g))| format!("{}=127.0.0.1:{g}", i + 1))
-            .collect::<Vec<_>>()
-            .join(",");
+        let (ports, peers) = founding_ports(n)?;
         let mut nodes = Vec::new();
         for (i, (h, g)) in ports.iter().enumerate() {
             let mut args = vec!["--peers".to_string(), peers.clone()];

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use delayd_tests::{delayctl_bin, delayd_bin, eventually, free_port, n, s, Api, Cluster, Server};
+use delayd_tests::{
+    delayctl_bin, delayd_bin, eventually, founding_ports, free_port, n, s, Api, Cluster, Server,
+};
 use serde_json::Value;
 
 /// One run of a binary: exit success, stdout, stderr.
@@ -38,6 +40,14 @@ fn run(bin: &Path, args: &[&str]) -> Result<Run> {
 
 fn delayd(args: &[&str]) -> Result<Run> {
     run(&delayd_bin()?, args)
+}
+
+/// `delayd restore --from FROM --data-dir DATA --node-id ID <extra>`.
+fn restore(from: &str, data: &Path, id: &str, extra: &[&str]) -> Result<Run> {
+    let data = data.display().to_string();
+    let mut args = vec!["restore", "--from", from, "--data-dir", &data, "--node-id", id];
+    args.extend_from_slice(extra);
+    delayd(&args)
 }
 
 /// `delayctl --json <args>` against `addr`, which must succeed with one JSON document.
@@ -243,30 +253,13 @@ async fn a_backup_under_load_restores_into_a_new_cluster_and_a_single_node() -> 
 
     // A new three-node cluster from the file: each node restored with its own id, the same
     // peers.
-    let ports: Vec<(u16, u16)> =
-        (0..3).map(|_| Ok((free_port()?, free_port()?))).collect::<Result<_>>()?;
-    let peers = ports
-        .iter()
-        .enumerate()
-        .map(|(i, (_, g))| format!("{}=127.0.0.1:{g}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
+    let (ports, peers) = founding_ports(3)?;
     let new_dir = tempfile::tempdir()?;
     let mut nodes = Vec::new();
     for (i, (h, g)) in ports.iter().enumerate() {
         let data = new_dir.path().join(format!("node{}", i + 1));
         let id = (i + 1).to_string();
-        let r = delayd(&[
-            "restore",
-            "--from",
-            &file_s,
-            "--data-dir",
-            &data.display().to_string(),
-            "--node-id",
-            &id,
-            "--peers",
-            &peers,
-        ])?;
+        let r = restore(&file_s, &data, &id, &["--peers", &peers])?;
         ensure!(r.ok, "restore failed: {}{}", r.stderr, r.stdout);
         ensure!(
             r.stdout.contains(&format!("applied_index  {}", n(&saved, "applied_index")?)),
@@ -292,17 +285,7 @@ async fn a_backup_under_load_restores_into_a_new_cluster_and_a_single_node() -> 
     let single = tempfile::tempdir()?;
     let data = single.path().join("node");
     let (h, g) = (free_port()?, free_port()?);
-    let r = delayd(&[
-        "restore",
-        "--from",
-        &file_s,
-        "--data-dir",
-        &data.display().to_string(),
-        "--node-id",
-        "7",
-        "--grpc-addr",
-        &format!("127.0.0.1:{g}"),
-    ])?;
+    let r = restore(&file_s, &data, "7", &["--grpc-addr", &format!("127.0.0.1:{g}")])?;
     ensure!(r.ok, "restore failed: {}{}", r.stderr, r.stdout);
     let one = start_restored(7, &data, h, g, "").await?;
     let one_api = Api::new(&one);
@@ -359,17 +342,7 @@ async fn damaged_files_and_used_directories_are_refused() -> Result<()> {
     ensure!(n(&saved, "bytes")? > 0, "{saved}");
     let good = std::fs::read(&file)?;
 
-    let restore = |from: &str, data: &Path| {
-        delayd(&[
-            "restore",
-            "--from",
-            from,
-            "--data-dir",
-            &data.display().to_string(),
-            "--node-id",
-            "1",
-        ])
-    };
+    let restore = |from: &str, data: &Path| restore(from, data, "1", &[]);
     // One flipped bit in the checksum, then a cut: each named, nothing created.
     let mut flipped = good.clone();
     let last = flipped.len() - 1;

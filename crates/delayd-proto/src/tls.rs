@@ -80,14 +80,7 @@ impl tonic::codegen::Service<Uri> for TlsConnector {
 /// A client configuration that trusts the CA certificates in `ca_pem` (and nothing else) and
 /// offers HTTP/2, with the ring provider. Fails when `ca_pem` holds no usable certificate.
 pub fn client_config(ca_pem: &[u8]) -> Result<ClientConfig, String> {
-    let mut roots = RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(ca_pem) {
-        let ca = ca.map_err(|e| format!("not PEM certificates: {e}"))?;
-        roots.add(ca).map_err(|e| format!("not a usable CA certificate: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err("no CERTIFICATE block".into());
-    }
+    let roots = root_store(ca_pem)?;
     let mut config =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
@@ -96,4 +89,18 @@ pub fn client_config(ca_pem: &[u8]) -> Result<ClientConfig, String> {
             .with_no_client_auth();
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
+}
+
+/// The CA certificates in `ca_pem` as trust roots; fails when it holds none or one is not a
+/// usable CA certificate. Clients (above) and a node's peer CA (`delayd-raft`) read CAs so.
+pub fn root_store(ca_pem: &[u8]) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem) {
+        let ca = ca.map_err(|e| format!("not PEM certificates: {e}"))?;
+        roots.add(ca).map_err(|e| format!("not a usable CA certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err("no CERTIFICATE block".into());
+    }
+    Ok(roots)
 }

@@ -220,8 +220,7 @@ impl GrpcNetwork {
         if let Some(v) = &self.secret {
             request.metadata_mut().insert(crate::server::CLUSTER_HEADER, v.clone());
         }
-        let id = self.identity.get().and_then(|id| MetadataValue::try_from(id).ok());
-        if let Some(id) = id {
+        if let Some(id) = self.identity.header() {
             request.metadata_mut().insert(crate::identity::CLUSTER_ID_HEADER, id);
         }
     }

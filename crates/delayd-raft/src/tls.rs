@@ -46,7 +46,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls::{ClientConfig, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
@@ -282,15 +282,11 @@ fn build(files: &TlsFiles) -> Result<Loaded, TlsError> {
     let key = read_key(&files.key_file)?;
     let roots = match &files.peer_ca_file {
         Some(path) => {
-            let mut roots = RootCertStore::empty();
-            for ca in read_certs("peer_ca_file", path)? {
-                roots.add(ca).map_err(|e| TlsError::File {
-                    setting: "peer_ca_file",
-                    path: path.clone(),
-                    why: format!("not a usable CA certificate: {e}"),
-                })?;
-            }
-            Some(Arc::new(roots))
+            let err =
+                |why: String| TlsError::File { setting: "peer_ca_file", path: path.clone(), why };
+            // Read first, so that a missing or unreadable file says so.
+            let pem = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+            Some(Arc::new(delayd_proto::tls::root_store(&pem).map_err(err)?))
         }
         None => None,
     };

@@ -100,8 +100,10 @@ impl Service {
             notifies: queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect(),
         };
         let notifies = &guard.notifies;
-        // A stopping node answers its long-polls at once (module `health`).
-        let mut drain = self.drain_watch();
+        // A stopping node answers its long-polls at once (module `health`); watched only
+        // once the reserve is about to wait, so a reserve that finds a job at once pays
+        // nothing for it.
+        let mut drain = None;
         let mut ack = ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease });
         let mut acked = None;
         // The first attempt always goes to the leader, which answers "nothing ready" from its
@@ -140,6 +142,7 @@ impl Service {
             } else if Instant::now() >= deadline {
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
+            let drain = drain.get_or_insert_with(|| self.drain_watch());
             if *drain.borrow_and_update() {
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
