@@ -9,26 +9,25 @@
 use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
-use axum::Router;
 
-use crate::service::Service;
+use super::{Table, Verb};
 
 const INDEX_HTML: &str = include_str!("dashboard/index.html");
 const APP_JS: &str = include_str!("dashboard/app.js");
 const STYLE_CSS: &str = include_str!("dashboard/style.css");
 
-/// The dashboard's routes: `/dashboard` (redirects to `/dashboard/`), the page and its script
-/// and style sheet.
-pub fn routes() -> Router<Service> {
-    Router::new()
-        .route("/dashboard", get(|| async { Redirect::permanent("/dashboard/") }))
-        .route("/dashboard/", get(index))
-        .route(
-            "/dashboard/app.js",
-            get(|| async { file("text/javascript; charset=utf-8", APP_JS) }),
-        )
-        .route("/dashboard/style.css", get(|| async { file("text/css; charset=utf-8", STYLE_CSS) }))
+/// Adds the dashboard's routes to `table`: `/dashboard` (redirects to `/dashboard/`), the page
+/// and its script and style sheet.
+pub(super) fn routes(table: Table) -> Table {
+    table
+        .route(Verb::Get, "/dashboard", || async { Redirect::permanent("/dashboard/") })
+        .route(Verb::Get, "/dashboard/", index)
+        .route(Verb::Get, "/dashboard/app.js", || async {
+            file("text/javascript; charset=utf-8", APP_JS)
+        })
+        .route(Verb::Get, "/dashboard/style.css", || async {
+            file("text/css; charset=utf-8", STYLE_CSS)
+        })
 }
 
 /// The page, with a content security policy that allows only its own script and style sheet
