@@ -1,6 +1,6 @@
 //! # The HTTP API: lmstfy's data plane, with delayd's extensions and admin API beside it
 //!
-//! [`table`] below is the one route table: every endpoint, its method and its handler. It
+//! `table` below is the one route table: every endpoint, its method and its handler. It
 //! builds the router and, from the same calls, the list of its routes ([`routes`]), which a
 //! test holds against the OpenAPI document served at `/openapi.json` ([`openapi`]), so the
 //! document cannot drift from the router. A handler does three things — extract
