@@ -450,3 +450,24 @@ async fn token_commands() -> Result<()> {
     ensure!(again.code == 1 && again.stderr.contains("404"), "{again:?}");
     Ok(())
 }
+
+/// `--version` names the git revision the binary was built from.
+#[tokio::test]
+async fn version_names_the_revision() -> Result<()> {
+    let nowhere = dead_addr()?;
+    let version = ctl(&nowhere, &["--version"]).await?.ok()?;
+    let rest = version.trim().strip_prefix("delayctl ").context("starts with delayctl")?;
+    let (semver, sha) = rest.split_once(" (").context("has a revision")?;
+    let sha = sha.strip_suffix(')').context("in parentheses")?;
+    ensure!(semver.split('.').count() == 3, "{version}");
+    let hex = sha.len() == 12 && sha.bytes().all(|b| b.is_ascii_hexdigit());
+    ensure!(sha == "unknown" || hex, "{version}");
+    // Built from a git checkout (as here, when git answers), the revision is known. It may
+    // be older than HEAD: the binary is not rebuilt for a commit the tests do not need.
+    let checkout = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--git-dir"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ensure!(!checkout || sha != "unknown", "built in a git checkout, yet: {version}");
+    Ok(())
+}

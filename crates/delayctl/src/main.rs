@@ -27,12 +27,15 @@ use crate::http::{Call, Client};
 /// Exit code of `consume` when no job was available.
 const EXIT_NOTHING_TO_CONSUME: u8 = 3;
 
+/// `delayctl --version`: the version and the git revision it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DELAYCTL_GIT_SHA"), ")");
+
 /// Operator CLI for delayd: cluster, tokens, jobs, dead letters, webhooks and schedules over
 /// the HTTP API.
 #[derive(Parser)]
 #[command(
     name = "delayctl",
-    version,
+    version = VERSION,
     after_help = "Exit codes: 0 ok, 1 error, 2 usage, 3 nothing to consume."
 )]
 struct Cli {
@@ -894,6 +897,16 @@ mod tests {
         };
         assert_eq!(w.hook_timeout_ms, Some(500));
         Ok(())
+    }
+
+    #[test]
+    fn the_version_names_the_revision() {
+        let v = Cli::command().render_version();
+        let sha = v.trim().rsplit_once(" (").and_then(|(_, rest)| rest.strip_suffix(')'));
+        let ok = sha.is_some_and(|s| {
+            s == "unknown" || (s.len() == 12 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        });
+        assert!(v.starts_with(concat!("delayctl ", env!("CARGO_PKG_VERSION"), " (")) && ok, "{v}");
     }
 
     #[test]
