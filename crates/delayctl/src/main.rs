@@ -3,7 +3,8 @@
 //! It speaks delayd's HTTP API only, so it works against any node (followers forward writes
 //! to the leader) and needs nothing but an address. Each command is one request; its answer
 //! is printed as a table or as `key  value` lines, or with `--json` as the server's JSON.
-//! Every action of the API has a command.
+//! Every action of the API has a command: `docs/delayctl.md` maps each route to its
+//! command, and a test (`coverage.rs`) keeps that map complete.
 //!
 //! Exit codes: 0 success, 1 any error (an HTTP error status, no node reachable), 2 bad usage
 //! (clap), 3 `consume` found nothing to consume — not a failure, but scripts must be able to
@@ -11,6 +12,8 @@
 
 mod backup;
 mod cli;
+#[cfg(test)]
+mod coverage;
 mod http;
 mod render;
 mod time;
