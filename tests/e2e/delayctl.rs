@@ -2,7 +2,7 @@
 //! the job commands through a follower, node failover, dead letters, exit codes, webhooks and
 //! schedules, tokens; the reserved-job commands (release, touch, bury), updates, republish,
 //! keys, bulk, pause and destroy, each checked by its effect through the API; human times;
-//! and the version the binary gives.
+//! and what the binary says about itself (version, completions, manual pages).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -689,17 +689,19 @@ async fn queue_commands() -> Result<()> {
     Ok(())
 }
 
-/// `--version` names the git revision the binary was built from.
+/// `--version`, completions and manual pages come from the binary itself.
 #[tokio::test]
-async fn version_names_the_revision() -> Result<()> {
+async fn version_completions_and_manual() -> Result<()> {
     let nowhere = dead_addr()?;
     let version = ctl(&nowhere, &["--version"]).await?.ok()?;
     let rest = version.trim().strip_prefix("delayctl ").context("starts with delayctl")?;
     let (semver, sha) = rest.split_once(" (").context("has a revision")?;
     let sha = sha.strip_suffix(')').context("in parentheses")?;
     ensure!(semver.split('.').count() == 3, "{version}");
-    let hex = sha.len() == 12 && sha.bytes().all(|b| b.is_ascii_hexdigit());
-    ensure!(sha == "unknown" || hex, "{version}");
+    ensure!(
+        sha == "unknown" || (sha.len() == 12 && sha.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{version}"
+    );
     // Built from a git checkout (as here, when git answers), the revision is known. It may
     // be older than HEAD: the binary is not rebuilt for a commit the tests do not need.
     let checkout = std::process::Command::new("git")
@@ -707,5 +709,32 @@ async fn version_names_the_revision() -> Result<()> {
         .output()
         .is_ok_and(|o| o.status.success());
     ensure!(!checkout || sha != "unknown", "built in a git checkout, yet: {version}");
+
+    let script = ctl(&nowhere, &["completions", "bash"]).await?.ok()?;
+    for command in
+        ["release", "touch", "bury", "update", "republish", "bulk", "pause", "resume", "destroy"]
+    {
+        ensure!(
+            script.contains(&format!("delayctl__subcmd__{command}")),
+            "no {command} in the bash completions"
+        );
+    }
+    let zsh = ctl(&nowhere, &["completions", "zsh"]).await?.ok()?;
+    ensure!(zsh.starts_with("#compdef delayctl"), "{}", &zsh[..zsh.len().min(200)]);
+    let bad = ctl(&nowhere, &["completions", "tcsh"]).await?;
+    ensure!(bad.code == 2 && bad.stderr.contains("tcsh"), "{bad:?}");
+
+    let page = ctl(&nowhere, &["man"]).await?.ok()?;
+    ensure!(page.starts_with(".TH delayctl 1 "), "{}", &page[..page.len().min(200)]);
+    let dir = tempfile::tempdir()?;
+    let out_dir = dir.path().join("man1");
+    let listed = ctl(&nowhere, &["man", "--out", out_dir.to_str().context("path")?]).await?.ok()?;
+    let written: Vec<&str> = listed.lines().collect();
+    ensure!(written.len() > 40 && written[0].ends_with("/delayctl.1"), "{listed}");
+    let release = std::fs::read_to_string(out_dir.join("delayctl-release.1"))?;
+    ensure!(
+        release.starts_with(".TH delayctl-release 1 ") && release.contains("lease"),
+        "{release}"
+    );
     Ok(())
 }

@@ -167,6 +167,19 @@ pub enum Command {
     /// Backups of the cluster's state (restore them with `delayd restore`).
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Print a shell completion script, e.g. `delayctl completions bash >
+    /// /etc/bash_completion.d/delayctl`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page, or with `--out` write one page per command into a directory.
+    Man {
+        /// Write `delayctl.1` and a `delayctl-<command>.1` per command into this directory
+        /// (created if missing) instead of printing the main page.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
 }
 
 /// A queue: namespace and queue name.

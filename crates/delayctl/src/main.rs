@@ -15,6 +15,7 @@ mod cli;
 #[cfg(test)]
 mod coverage;
 mod http;
+mod manual;
 mod render;
 mod time;
 
@@ -66,6 +67,24 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<u8> {
     let g = cli.global;
+    // The commands that print something about delayctl itself need no node.
+    match &cli.command {
+        Command::Completions { shell } => {
+            manual::completions(*shell, &mut std::io::stdout().lock())?;
+            return Ok(0);
+        }
+        Command::Man { out: None } => {
+            manual::man_page(&mut std::io::stdout().lock())?;
+            return Ok(0);
+        }
+        Command::Man { out: Some(dir) } => {
+            for written in manual::man_pages(dir)? {
+                println!("{}", written.display());
+            }
+            return Ok(0);
+        }
+        _ => {}
+    }
     let client =
         Client::new(g.addr, g.token, Duration::from_millis(g.timeout_ms), g.ca_file.as_deref())?;
     let out = execute(&client, cli.command, time::now_ms()).await?;
@@ -226,6 +245,9 @@ async fn execute(client: &Client, command: Command, now: i64) -> Result<Output> 
             }
             let human = render::pairs(&rows);
             Output::new(v, human)
+        }
+        Command::Completions { .. } | Command::Man { .. } => {
+            anyhow::bail!("this command talks to no node")
         }
     })
 }
