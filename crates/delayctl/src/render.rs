@@ -2,9 +2,17 @@
 //!
 //! Everything here reads JSON defensively: a missing or oddly typed field shows as `-`, never
 //! a panic, so a newer or older server still renders.
+//!
+//! Times are shown for people ([`crate::time`]): a field the API names `*_ms` that holds a
+//! point in time is shown without the suffix as RFC 3339 UTC with how far it is from `now`
+//! (e.g. `due_at  2026-01-01T03:00:00Z (in 4m12s)`), and one that holds a duration as a
+//! duration with units (`timeout  10s`). Every function that shows a point in time takes
+//! `now`, unix milliseconds, so that its output can be tested.
 
 use base64::Engine;
 use serde_json::Value;
+
+use crate::time;
 
 /// A field as table text: strings unquoted, `null` or missing as `-`, lists comma-separated.
 pub fn cell(v: &Value) -> String {
@@ -18,6 +26,32 @@ pub fn cell(v: &Value) -> String {
             m.iter().map(|(k, v)| format!("{k}={}", cell(v))).collect::<Vec<_>>().join(",")
         }
         other => other.to_string(),
+    }
+}
+
+/// A point in time given in unix milliseconds, for people: RFC 3339 UTC and how far it is
+/// from `now`; `-` when absent.
+pub fn instant(v: &Value, now: i64) -> String {
+    match v.as_i64() {
+        Some(ms) => time::instant(ms, now),
+        None => cell(v),
+    }
+}
+
+/// A duration given in milliseconds, with units (`1h2m`); `-` when absent.
+pub fn millis(v: &Value) -> String {
+    match v.as_u64() {
+        Some(ms) => time::duration(ms),
+        None => cell(v),
+    }
+}
+
+/// A duration given in seconds, with units; `never` for 0 when `zero_is_never` (a ttl).
+pub fn seconds(v: &Value, zero_is_never: bool) -> String {
+    match v.as_u64() {
+        Some(0) if zero_is_never => "never".to_string(),
+        Some(s) => time::duration(s.saturating_mul(1_000)),
+        None => cell(v),
     }
 }
 
@@ -72,16 +106,28 @@ fn preview(job: &Value, max: usize) -> String {
     short
 }
 
-/// One job (a delivery or a peeked job): its fields, then its body.
-pub fn job(job: &Value) -> String {
+/// One job (a delivery or a peeked job): its fields, then its body. `ttl` is the time left
+/// before it expires, `age` the time since it was published.
+pub fn job(job: &Value, now: i64) -> String {
     let mut items: Vec<(&str, String)> = vec![("id", cell(&job["job_id"]))];
-    for field in ["queue", "state", "attempt", "lease", "remain_tries", "priority"] {
+    for field in ["queue", "state", "attempt", "lease"] {
         if !job[field].is_null() {
             items.push((field, cell(&job[field])));
         }
     }
-    items.push(("due_at_ms", cell(&job["due_at_ms"])));
-    items.push(("ttl", format!("{} s", cell(&job["ttl"]))));
+    if !job["lease_deadline_ms"].is_null() {
+        items.push(("lease_until", instant(&job["lease_deadline_ms"], now)));
+    }
+    for field in ["remain_tries", "priority"] {
+        if !job[field].is_null() {
+            items.push((field, cell(&job[field])));
+        }
+    }
+    items.push(("due_at", instant(&job["due_at_ms"], now)));
+    items.push(("ttl", seconds(&job["ttl"], true)));
+    if !job["elapsed_ms"].is_null() {
+        items.push(("age", millis(&job["elapsed_ms"])));
+    }
     for field in ["key", "attributes"] {
         if !job[field].is_null() {
             items.push((field, cell(&job[field])));
@@ -93,8 +139,8 @@ pub fn job(job: &Value) -> String {
 }
 
 /// Jobs as blocks of [`job`], a blank line apart.
-pub fn jobs(jobs: &[Value]) -> String {
-    jobs.iter().map(job).collect::<Vec<_>>().join("\n")
+pub fn jobs(jobs: &[Value], now: i64) -> String {
+    jobs.iter().map(|j| job(j, now)).collect::<Vec<_>>().join("\n")
 }
 
 /// `GET /admin/cluster`: the leader line, then a row per node (and the error of each
@@ -130,12 +176,21 @@ pub fn cluster(c: &Value) -> String {
 }
 
 /// `GET /token/{ns}`: one row per token, from `details` when the server gives them.
-pub fn tokens(t: &Value) -> String {
-    let columns = ["token", "description", "created_ms", "read_limit", "write_limit"];
+pub fn tokens(t: &Value, now: i64) -> String {
+    let columns = ["token", "description", "created", "read_limit", "write_limit"];
     let rows: Vec<Vec<String>> = match t["details"].as_array() {
-        Some(details) => {
-            details.iter().map(|d| columns.iter().map(|f| cell(&d[*f])).collect()).collect()
-        }
+        Some(details) => details
+            .iter()
+            .map(|d| {
+                vec![
+                    cell(&d["token"]),
+                    cell(&d["description"]),
+                    instant(&d["created_ms"], now),
+                    cell(&d["read_limit"]),
+                    cell(&d["write_limit"]),
+                ]
+            })
+            .collect(),
         None => t["tokens"].as_object().map_or_else(Vec::new, |m| {
             m.iter().map(|(tok, desc)| vec![tok.clone(), cell(desc)]).collect()
         }),
@@ -143,24 +198,27 @@ pub fn tokens(t: &Value) -> String {
     table(&columns, &rows)
 }
 
-/// `GET /api/{ns}/{q}/stats`: counts, then the cumulative due-time histogram.
+/// `GET /api/{ns}/{q}/stats`: counts, then the cumulative due-time histogram (how many
+/// delayed jobs come due within each time from now).
 pub fn stats(s: &Value) -> String {
     let mut items: Vec<(&str, String)> = Vec::new();
-    for field in ["paused", "delayed", "ready", "reserved", "dead", "head_age_ms"] {
+    for field in ["paused", "delayed", "ready", "reserved", "dead"] {
         items.push((field, cell(&s[field])));
     }
+    items.push(("head_age", millis(&s["head_age_ms"])));
     let mut out = pairs(&items);
     let buckets = s["due_histogram"].as_array().map(Vec::as_slice).unwrap_or_default();
     if !buckets.is_empty() {
         let rows: Vec<Vec<String>> = buckets
             .iter()
             .map(|b| {
-                let le = if b["le_ms"].is_null() { "+inf".to_string() } else { cell(&b["le_ms"]) };
+                let le =
+                    if b["le_ms"].is_null() { "+inf".to_string() } else { millis(&b["le_ms"]) };
                 vec![le, cell(&b["count"])]
             })
             .collect();
         out.push_str("\ndue within (cumulative)\n");
-        out.push_str(&table(&["le_ms", "count"], &rows));
+        out.push_str(&table(&["within", "count"], &rows));
     }
     out
 }
@@ -200,47 +258,44 @@ pub fn dead_jobs(d: &Value) -> String {
 
 /// `/api/{ns}/{q}/webhook`: its settings, and its secret when the answer has it (a set).
 pub fn webhook(w: &Value) -> String {
-    let mut items: Vec<(&str, String)> = Vec::new();
-    for field in [
-        "url",
-        "timeout_ms",
-        "max_in_flight",
-        "rate_per_s",
-        "backoff_initial_ms",
-        "backoff_max_ms",
-        "secret",
-    ] {
-        if field != "secret" || !w[field].is_null() {
-            items.push((field, cell(&w[field])));
-        }
+    let mut items: Vec<(&str, String)> = vec![
+        ("url", cell(&w["url"])),
+        ("timeout", millis(&w["timeout_ms"])),
+        ("max_in_flight", cell(&w["max_in_flight"])),
+        ("rate_per_s", cell(&w["rate_per_s"])),
+        ("backoff_initial", millis(&w["backoff_initial_ms"])),
+        ("backoff_max", millis(&w["backoff_max_ms"])),
+    ];
+    if !w["secret"].is_null() {
+        items.push(("secret", cell(&w["secret"])));
     }
     pairs(&items)
 }
 
-/// A schedule's timetable in one cell: `cron <expr> (<zone>)` or `every <n> ms`.
+/// A schedule's timetable in one cell: `cron <expr> (<zone>)` or `every <duration>`.
 pub fn timetable(s: &Value) -> String {
     if !s["cron"].is_null() {
         format!("cron {} ({})", cell(&s["cron"]), cell(&s["tz"]))
     } else if !s["every_ms"].is_null() {
-        format!("every {} ms", cell(&s["every_ms"]))
+        format!("every {}", millis(&s["every_ms"]))
     } else {
         "-".to_string()
     }
 }
 
 /// `/api/{ns}/{q}/schedules/{name}`: its timetable and window, then the job it publishes.
-/// `next_at_ms` is `-` once the window has no occurrence left.
-pub fn schedule(s: &Value) -> String {
+/// `next_at` is `-` once the window has no occurrence left.
+pub fn schedule(s: &Value, now: i64) -> String {
     let mut items: Vec<(&str, String)> = vec![
         ("name", cell(&s["name"])),
         ("timetable", timetable(s)),
-        ("next_at_ms", cell(&s["next_at_ms"])),
-        ("start_at_ms", cell(&s["start_at_ms"])),
-        ("end_at_ms", cell(&s["end_at_ms"])),
+        ("next_at", instant(&s["next_at_ms"], now)),
+        ("start_at", instant(&s["start_at_ms"], now)),
+        ("end_at", instant(&s["end_at_ms"], now)),
         ("catch_up", cell(&s["catch_up"])),
-        ("ttl", format!("{} s", cell(&s["ttl"]))),
+        ("ttl", seconds(&s["ttl"], true)),
         ("tries", cell(&s["tries"])),
-        ("ttr", format!("{} s", cell(&s["ttr"]))),
+        ("ttr", seconds(&s["ttr"], false)),
         ("priority", cell(&s["priority"])),
         ("attributes", cell(&s["attributes"])),
     ];
@@ -250,11 +305,29 @@ pub fn schedule(s: &Value) -> String {
 }
 
 /// `GET /api/{ns}/{q}/schedules`: one row per schedule.
-pub fn schedules(list: &Value) -> String {
+pub fn schedules(list: &Value, now: i64) -> String {
     let list = list["schedules"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let rows: Vec<Vec<String>> =
-        list.iter().map(|s| vec![cell(&s["name"]), timetable(s), cell(&s["next_at_ms"])]).collect();
-    table(&["name", "timetable", "next_at_ms"], &rows)
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|s| vec![cell(&s["name"]), timetable(s), instant(&s["next_at_ms"], now)])
+        .collect();
+    table(&["name", "timetable", "next_at"], &rows)
+}
+
+/// `GET /health`: the answering node's own view of the cluster.
+pub fn health(h: &Value) -> String {
+    let fields = ["node_id", "state", "leader", "term", "last_log_index", "last_applied"];
+    let items: Vec<(&str, String)> = fields.iter().map(|f| (*f, cell(&h[*f]))).collect();
+    pairs(&items)
+}
+
+/// `GET /api/{ns}/{q}/deadletter`: the dead letter's size and its oldest job's id.
+pub fn dead_head(d: &Value) -> String {
+    let head = match d["deadletter_head"].as_str() {
+        Some("") | None => "-".to_string(),
+        Some(id) => id.to_string(),
+    };
+    pairs(&[("size", cell(&d["deadletter_size"])), ("head", head)])
 }
 
 #[cfg(test)]
@@ -326,8 +399,15 @@ node 3: connection refused
         );
         let t = json!({"namespace": "ns1", "tokens": {"t1": "ci"}});
         assert_eq!(
-            tokens(&t),
-            "token  description  created_ms  read_limit  write_limit\nt1     ci\n"
+            tokens(&t, 0),
+            "token  description  created  read_limit  write_limit\nt1     ci\n"
+        );
+        let t = json!({"details": [{"token": "t1", "description": "ci",
+            "created_ms": 1_767_225_600_000u64, "read_limit": 0, "write_limit": 5}]});
+        let out = tokens(&t, 1_767_225_600_000 + 2 * 3_600_000);
+        assert!(
+            out.ends_with("t1     ci           2026-01-01T00:00:00Z (2h ago)  0           5\n"),
+            "{out}"
         );
     }
 
@@ -337,8 +417,11 @@ node 3: connection refused
             "head_age_ms": null,
             "due_histogram": [{"le_ms": 60000, "count": 1}, {"le_ms": null, "count": 2}]});
         let out = stats(&s);
-        assert!(out.starts_with("paused       false\ndelayed      2\n"), "{out}");
-        assert!(out.ends_with("le_ms  count\n60000  1\n+inf   2\n"), "{out}");
+        assert!(out.starts_with("paused    false\ndelayed   2\n"), "{out}");
+        assert!(out.contains("\nhead_age  -\n"), "{out}");
+        assert!(out.ends_with("within  count\n1m      1\n+inf    2\n"), "{out}");
+        let aged = stats(&json!({"head_age_ms": 252_000}));
+        assert!(aged.contains("\nhead_age  4m12s\n"), "{aged}");
     }
 
     #[test]
@@ -347,11 +430,14 @@ node 3: connection refused
             "max_in_flight": 32, "rate_per_s": 0, "backoff_initial_ms": 1000,
             "backoff_max_ms": 300000});
         let out = webhook(&w);
-        assert!(out.starts_with("url                 http://h/x\n"), "{out}");
-        assert!(!out.contains("secret"), "{out}");
+        assert_eq!(
+            out,
+            "url              http://h/x\ntimeout          10s\nmax_in_flight    32\n\
+             rate_per_s       0\nbackoff_initial  1s\nbackoff_max      5m\n"
+        );
         let mut with_secret = w.clone();
         with_secret["secret"] = json!("s3cr3t");
-        assert!(webhook(&with_secret).ends_with("secret              s3cr3t\n"));
+        assert!(webhook(&with_secret).ends_with("secret           s3cr3t\n"));
     }
 
     #[test]
@@ -360,27 +446,45 @@ node 3: connection refused
             {"name": "nightly", "cron": "0 0 3 * * *", "tz": "Europe/Paris",
              "next_at_ms": 1767225600000u64},
             {"name": "tick", "every_ms": 60000, "next_at_ms": null}]});
+        let now = 1_767_225_600_000 - 252_000;
         assert_eq!(
-            schedules(&list),
-            "name     timetable                        next_at_ms\n\
-             nightly  cron 0 0 3 * * * (Europe/Paris)  1767225600000\n\
-             tick     every 60000 ms                   -\n"
+            schedules(&list, now),
+            "name     timetable                        next_at\n\
+             nightly  cron 0 0 3 * * * (Europe/Paris)  2026-01-01T00:00:00Z (in 4m12s)\n\
+             tick     every 1m                         -\n"
         );
         let s = json!({"name": "tick", "every_ms": 60000, "next_at_ms": 5, "ttl": 0,
             "ttr": 60, "attributes": {}, "data": "aGk="});
-        let out = schedule(&s);
-        assert!(out.starts_with("name         tick\ntimetable    every 60000 ms\n"), "{out}");
-        assert!(out.contains("\nttr          60 s\n") && out.ends_with("body         hi\n"));
+        let out = schedule(&s, 3_725);
+        assert!(out.starts_with("name        tick\ntimetable   every 1m\n"), "{out}");
+        assert!(out.contains("\nnext_at     1970-01-01T00:00:00.005Z (3s ago)\n"), "{out}");
+        assert!(out.contains("\nstart_at    -\n"), "{out}");
+        assert!(out.contains("\nttl         never\n"), "{out}");
+        assert!(out.contains("\nttr         1m\n") && out.ends_with("body        hi\n"), "{out}");
     }
 
     #[test]
     fn a_delivery() {
         let j = json!({"msg": "new job", "job_id": "01KA", "queue": "q", "attempt": 1,
-            "lease": "9f", "remain_tries": 0, "priority": 1024, "due_at_ms": 5, "ttl": 86400,
-            "attributes": null, "key": null, "data": "aGk="});
-        let out = job(&j);
-        assert!(out.starts_with("id            01KA\nqueue         q\n"), "{out}");
-        assert!(out.ends_with("body          hi\n"), "{out}");
-        assert!(!out.contains("attributes"), "{out}");
+            "lease": "9f", "lease_deadline_ms": 1_767_225_630_000u64, "remain_tries": 0,
+            "priority": 1024, "due_at_ms": 1_767_225_000_000u64, "ttl": 86400,
+            "elapsed_ms": 3_720_000, "attributes": null, "key": null, "data": "aGk="});
+        let out = job(&j, 1_767_225_600_000);
+        assert_eq!(
+            out,
+            "id            01KA\n\
+             queue         q\n\
+             attempt       1\n\
+             lease         9f\n\
+             lease_until   2026-01-01T00:00:30Z (in 30s)\n\
+             remain_tries  0\n\
+             priority      1024\n\
+             due_at        2025-12-31T23:50:00Z (10m ago)\n\
+             ttl           1d\n\
+             age           1h2m\n\
+             body          hi\n"
+        );
+        let never = job(&json!({"job_id": "x", "ttl": 0, "due_at_ms": 0}), 0);
+        assert!(never.contains("\nttl     never\n"), "{never}");
     }
 }
