@@ -1,9 +1,9 @@
 //! Every route of the HTTP API has a delayctl command, or a stated reason not to.
 //!
 //! [`COVERED`] is the route each command calls, [`NOT_COVERED`] the routes left out on
-//! purpose. The tests below read the route table from the server's source
-//! (`crates/delayd-server/src/http/mod.rs` and the routers it merges) and fail when a route
-//! is in neither list — a new endpoint without a command — or when a list names a route the
+//! purpose. The tests below read the server's routes from its OpenAPI document
+//! (`crates/delayd-server/src/http/openapi.json`, which the server's tests hold equal to its
+//! router) and fail when a route is in neither list — a new endpoint without a command — or when a list names a route the
 //! server no longer has; they also check that each command exists and that the table in
 //! `docs/delayctl.md` says the same as these lists.
 
@@ -59,6 +59,7 @@ pub const COVERED: &[(&str, &str, &str)] = &[
 /// `(method, route, why)`: the routes no command calls, on purpose.
 pub const NOT_COVERED: &[(&str, &str, &str)] = &[
     ("GET", "/metrics", "Prometheus text for a scraper, not an action"),
+    ("GET", "/openapi.json", "the API's machine-readable description, for tools"),
     ("GET", "/dashboard", "the web dashboard's files, for a browser"),
     ("GET", "/dashboard/", "the web dashboard's files, for a browser"),
     ("GET", "/dashboard/app.js", "the web dashboard's files, for a browser"),
@@ -67,178 +68,15 @@ pub const NOT_COVERED: &[(&str, &str, &str)] = &[
     ("PUT", "/debug/clock", "test-only (`--debug-clock`), for the chaos harness"),
 ];
 
-/// The server's route table and the routers it merges, as source text.
-const ROUTER_SOURCES: &[(&str, &str)] = &[
-    ("http/mod.rs", include_str!("../../delayd-server/src/http/mod.rs")),
-    ("http/dashboard.rs", include_str!("../../delayd-server/src/http/dashboard.rs")),
-];
-
-/// What `mod.rs` may merge: the routers whose source [`ROUTER_SOURCES`] holds.
-const MERGED: &[&str] = &["dashboard::routes()"];
+/// The server's OpenAPI document. delayd-server's own tests hold it equal to the router in
+/// both directions, so every route of the server is in it and nothing else is.
+const OPENAPI: &str = include_str!("../../delayd-server/src/http/openapi.json");
 
 /// The reference page, whose table must match the lists above.
 const DOCS: &str = include_str!("../../../docs/delayctl.md");
 
-/// A token of Rust source, as far as reading route tables needs.
-#[derive(Debug, PartialEq)]
-enum Token {
-    Str(String),
-    Ident(String),
-    Punct(char),
-}
-
-/// Splits Rust source into string literals, identifiers and punctuation, leaving out
-/// comments, whitespace and character literals.
-fn lex(source: &str) -> Vec<Token> {
-    let chars: Vec<char> = source.chars().collect();
-    let mut tokens = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        if c.is_whitespace() {
-            i += 1;
-        } else if c == '/' && next == Some('/') {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            i += 2;
-            while i < chars.len() && !(chars[i] == '*' && chars.get(i + 1) == Some(&'/')) {
-                i += 1;
-            }
-            i += 2;
-        } else if c == '"' {
-            let mut text = String::new();
-            i += 1;
-            while i < chars.len() && chars[i] != '"' {
-                if chars[i] == '\\' {
-                    i += 1;
-                }
-                if let Some(&ch) = chars.get(i) {
-                    text.push(ch);
-                }
-                i += 1;
-            }
-            i += 1;
-            tokens.push(Token::Str(text));
-        } else if c == '\'' && chars.get(i + 2) == Some(&'\'') {
-            // A character literal such as '(' must not count as a parenthesis.
-            i += 3;
-        } else if c.is_alphanumeric() || c == '_' {
-            let start = i;
-            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
-                i += 1;
-            }
-            tokens.push(Token::Ident(chars[start..i].iter().collect()));
-        } else {
-            tokens.push(Token::Punct(c));
-            i += 1;
-        }
-    }
-    tokens
-}
-
-/// The axum method routers a route can be made of.
+/// The HTTP methods an OpenAPI path item may hold, lowercase as the document spells them.
 const METHODS: &[&str] = &["get", "put", "post", "delete", "patch", "head", "options", "trace"];
-
-/// What a router's source declares: its `(method, route)` pairs, and what it merges or nests
-/// (`dashboard::routes()`), which the caller must read too.
-#[derive(Debug, Default)]
-struct RouteTable {
-    routes: Vec<(String, String)>,
-    merged: Vec<String>,
-}
-
-/// Reads every `.route("/path", get(..).put(..))` of `source`; refuses what it cannot read
-/// (a route without a method it knows, `any`, `on`, `route_service`), so that a change of
-/// style fails the test rather than hiding a route.
-fn route_table(source: &str) -> Result<RouteTable, String> {
-    let tokens = lex(source);
-    let mut table = RouteTable::default();
-    let mut i = 0;
-    while i + 2 < tokens.len() {
-        let (Token::Punct('.'), Token::Ident(call), Token::Punct('(')) =
-            (&tokens[i], &tokens[i + 1], &tokens[i + 2])
-        else {
-            i += 1;
-            continue;
-        };
-        match call.as_str() {
-            "route" => {}
-            "merge" | "nest" | "nest_service" => {
-                let (text, end) = until_close(&tokens, i + 3);
-                table.merged.push(text);
-                i = end;
-                continue;
-            }
-            "route_service" | "route_layer" => {
-                return Err(format!(".{call}(...) is not read by this test: teach it"));
-            }
-            _ => {
-                i += 1;
-                continue;
-            }
-        }
-        let Some(Token::Str(path)) = tokens.get(i + 3) else {
-            return Err(format!(
-                "a .route( whose path is not a string literal: {:?}",
-                &tokens[i..]
-            ));
-        };
-        let mut depth = 1;
-        let mut j = i + 4;
-        let mut methods = Vec::new();
-        while j < tokens.len() && depth > 0 {
-            match &tokens[j] {
-                Token::Punct('(') => depth += 1,
-                Token::Punct(')') => depth -= 1,
-                Token::Ident(name)
-                    if depth == 1 && tokens.get(j + 1) == Some(&Token::Punct('(')) =>
-                {
-                    if METHODS.contains(&name.as_str()) {
-                        methods.push(name.to_uppercase());
-                    } else if matches!(name.as_str(), "any" | "on" | "any_service" | "on_service") {
-                        return Err(format!("route {path}: {name}(...) is not read by this test"));
-                    }
-                }
-                _ => {}
-            }
-            j += 1;
-        }
-        if methods.is_empty() {
-            return Err(format!("route {path}: no method found"));
-        }
-        table.routes.extend(methods.into_iter().map(|m| (m, path.clone())));
-        i = j;
-    }
-    Ok(table)
-}
-
-/// The tokens from `start` to the parenthesis that closes the one before it, as compact
-/// text (`dashboard::routes()`), and the index after it.
-fn until_close(tokens: &[Token], start: usize) -> (String, usize) {
-    let mut depth = 1;
-    let mut text = String::new();
-    let mut j = start;
-    while j < tokens.len() {
-        match &tokens[j] {
-            Token::Punct('(') => depth += 1,
-            Token::Punct(')') => depth -= 1,
-            _ => {}
-        }
-        if depth == 0 {
-            break;
-        }
-        match &tokens[j] {
-            Token::Str(s) => text.push_str(&format!("{s:?}")),
-            Token::Ident(s) => text.push_str(s),
-            Token::Punct(c) => text.push(*c),
-        }
-        j += 1;
-    }
-    (text, j + 1)
-}
 
 #[cfg(test)]
 mod tests {
@@ -254,23 +92,20 @@ mod tests {
         list.iter().map(|(m, p, _)| (m.to_string(), p.to_string())).collect()
     }
 
-    /// Every route of the server, from its source.
+    /// Every route of the server, from its OpenAPI document.
     fn server_routes() -> Result<BTreeSet<Route>, String> {
+        let doc: serde_json::Value =
+            serde_json::from_str(OPENAPI).map_err(|e| format!("openapi.json: {e}"))?;
+        let paths = doc["paths"].as_object().ok_or("openapi.json has no `paths` object")?;
         let mut routes = BTreeSet::new();
-        for (file, source) in ROUTER_SOURCES {
-            let table = route_table(source).map_err(|e| format!("{file}: {e}"))?;
-            for merged in &table.merged {
-                if !MERGED.contains(&merged.as_str()) {
-                    return Err(format!(
-                        "{file} merges or nests {merged}, whose routes this test does not read: \
-                         add its source to ROUTER_SOURCES and MERGED"
-                    ));
-                }
+        for (path, item) in paths {
+            let item = item.as_object().ok_or_else(|| format!("{path}: not an object"))?;
+            for method in item.keys().filter(|m| METHODS.contains(&m.as_str())) {
+                routes.insert((method.to_uppercase(), path.clone()));
             }
-            routes.extend(table.routes);
         }
         if routes.len() < 20 {
-            return Err(format!("only {} routes read: has the route table moved?", routes.len()));
+            return Err(format!("only {} routes read: has the document moved?", routes.len()));
         }
         Ok(routes)
     }
@@ -341,37 +176,5 @@ mod tests {
             );
         }
         assert_eq!(rows.len(), COVERED.len() + NOT_COVERED.len(), "extra rows: {rows:?}");
-    }
-
-    #[test]
-    fn the_reader_finds_routes_however_they_are_written() -> Result<(), String> {
-        let source = r#"
-            // .route("/commented", get(x))
-            Router::new()
-                .route("/a", get(h::a).put(h::b)) /* .route("/b", get(x)) */
-                .route(
-                    "/c/{id}",
-                    delete(|| async { f("(", ')') }).patch(h::c),
-                )
-                .route("/d", put(h::d).layer(limit))
-                .merge(other::routes())
-        "#;
-        let table = route_table(source)?;
-        let want: Vec<(String, String)> = [
-            ("GET", "/a"),
-            ("PUT", "/a"),
-            ("DELETE", "/c/{id}"),
-            ("PATCH", "/c/{id}"),
-            ("PUT", "/d"),
-        ]
-        .iter()
-        .map(|(m, p)| (m.to_string(), p.to_string()))
-        .collect();
-        assert_eq!(table.routes, want);
-        assert_eq!(table.merged, ["other::routes()"]);
-        assert!(route_table(r#".route("/x", any(h))"#).is_err());
-        assert!(route_table(r#".route("/x", h)"#).is_err());
-        assert!(route_table(r#".route_service("/x", s)"#).is_err());
-        Ok(())
     }
 }
