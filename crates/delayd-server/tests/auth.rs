@@ -111,6 +111,12 @@ fn routes() -> Vec<(Method, String, Needs)> {
         (Method::POST, "/admin/nodes?id=0&addr=127.0.0.1:1".to_string(), Needs::Admin),
         (Method::POST, "/admin/nodes/0/promote".to_string(), Needs::Admin),
         (Method::DELETE, "/admin/nodes/0".to_string(), Needs::Admin),
+        // Unreadable arguments too: a token that may not call these gets 403, not a 400
+        // that would tell it about arguments it may not send.
+        (Method::POST, "/admin/nodes?addr=127.0.0.1:1".to_string(), Needs::Admin),
+        (Method::POST, "/admin/nodes/abc/promote".to_string(), Needs::Admin),
+        (Method::DELETE, "/admin/nodes/abc".to_string(), Needs::Admin),
+        (Method::POST, "/admin/leader?to=abc".to_string(), Needs::Admin),
         (Method::POST, "/admin/snapshot".to_string(), Needs::Admin),
         (Method::GET, "/admin/digest".to_string(), Needs::Admin),
         (Method::GET, "/metrics".to_string(), Needs::Admin),

@@ -13,6 +13,7 @@ use super::error::{bad, ApiError, ApiResult};
 use super::extract::{credential, Caller, Params, Path};
 use super::render;
 use crate::service::admin::MemberChange;
+use crate::service::auth::Scope;
 use crate::service::Service;
 
 /// `GET /health`: this node's own view, without a credential.
@@ -125,6 +126,8 @@ pub(crate) async fn add_learner(
     Caller(caller): Caller,
     p: Params,
 ) -> ApiResult {
+    // The caller first: a token that may not do this gets 403 whatever its arguments.
+    s.authorize(&caller, Scope::Admin)?;
     let id = node_id(p.str("id"))?;
     let addr = p.str("addr").unwrap_or_default().to_string();
     Ok(members(s.change_members(&caller, MemberChange::AddLearner { id, addr }).await?))
@@ -136,6 +139,8 @@ pub(crate) async fn promote(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
+    // The caller first: a token that may not do this gets 403 whatever its arguments.
+    s.authorize(&caller, Scope::Admin)?;
     let id = node_id(Some(&id))?;
     Ok(members(s.change_members(&caller, MemberChange::Promote(id)).await?))
 }
@@ -146,6 +151,8 @@ pub(crate) async fn remove(
     Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
+    // The caller first: a token that may not do this gets 403 whatever its arguments.
+    s.authorize(&caller, Scope::Admin)?;
     let id = node_id(Some(&id))?;
     Ok(members(s.change_members(&caller, MemberChange::Remove(id)).await?))
 }
@@ -157,6 +164,8 @@ pub(crate) async fn transfer_leader(
     Caller(caller): Caller,
     p: Params,
 ) -> ApiResult {
+    // The caller first: a token that may not do this gets 403 whatever its arguments.
+    s.authorize(&caller, Scope::Admin)?;
     let to = p.str("to").map(|id| node_id(Some(id))).transpose()?;
     let leader = s.transfer_leader(&caller, to).await?;
     Ok(Json(json!({"leader": leader})).into_response())
@@ -192,6 +201,8 @@ pub(crate) async fn set_clock(
     Caller(caller): Caller,
     p: Params,
 ) -> ApiResult {
+    // The caller first: a token that may not do this gets 403 whatever its arguments.
+    s.authorize(&caller, Scope::Admin)?;
     let offset = match p.str("offset_ms") {
         None => return Err(bad("offset_ms is required")),
         Some(v) => v.parse().map_err(|_| bad("offset_ms must be an integer (ms)"))?,
