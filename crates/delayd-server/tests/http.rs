@@ -770,6 +770,19 @@ async fn bury_moves_a_reserved_job_to_the_dead_letter() {
     // The lease died with the reservation.
     let (status, v) = t.put(&format!("{bury}?lease={lease}"), Body::empty()).await;
     assert_eq!(status, StatusCode::CONFLICT, "{v}");
+
+    // A bury may give the job a new priority, which it keeps in the dead letter.
+    let second = t.publish(&format!("{Q}?priority=9"), "y").await;
+    let job = t.reserve(Q).await;
+    assert_eq!(job["job_id"], second);
+    let lease = job["lease"].as_str().unwrap();
+    let bury = format!("{Q}/job/{second}/bury?lease={lease}");
+    let (status, v) = t.put(&format!("{bury}&priority=x"), Body::empty()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    let (status, v) = t.put(&format!("{bury}&priority=2"), Body::empty()).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!((&v["state"], &v["priority"]), (&json!("dead"), &json!(2)));
+    assert_eq!(t.get(&format!("{Q}/job/{second}")).await.1["priority"], 2);
     t.stop().await;
 }
 

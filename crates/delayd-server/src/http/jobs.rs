@@ -160,7 +160,7 @@ pub(crate) async fn bury(
     JobRef(queue, id): JobRef,
     p: Params,
 ) -> ApiResult {
-    let job = s.bury(&caller, queue, id, p.lease()?, None).await?;
+    let job = s.bury(&caller, queue, id, p.lease()?, p.num("priority")?).await?;
     Ok(job_answer(&s, &job))
 }
 
