@@ -207,6 +207,46 @@ fn the_check_catches_misspelled_metrics_and_labels() {
     assert!(references("my_delayd_jobs + delayd:jobs:sum").is_empty());
 }
 
+/// GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to `-`.
+fn anchor(heading: &str) -> String {
+    let lower = heading.trim().to_lowercase();
+    let kept = lower.chars().filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '));
+    kept.map(|c| if c == ' ' { '-' } else { c }).collect()
+}
+
+#[test]
+fn every_alert_has_its_section_in_the_runbook() -> Result<()> {
+    let rules = std::fs::read_to_string(repo().join("deploy/monitoring/delayd.rules.yml"))?;
+    let docs = std::fs::read_to_string(repo().join("docs/monitoring.md"))?;
+    let anchors: BTreeSet<String> =
+        docs.lines().filter_map(|l| l.strip_prefix("### ")).map(anchor).collect();
+    let mut alerts = 0;
+    for doc in YamlLoader::load_from_str(&rules)? {
+        for group in doc["groups"].as_vec().context("groups")? {
+            for rule in group["rules"].as_vec().context("rules")? {
+                let Some(alert) = rule["alert"].as_str() else { continue };
+                alerts += 1;
+                let severity = rule["labels"]["severity"].as_str();
+                ensure!(
+                    matches!(severity, Some("critical" | "warning" | "info")),
+                    "{alert}: severity {severity:?}"
+                );
+                let runbook = rule["annotations"]["runbook"].as_str().context("no runbook")?;
+                let target = runbook
+                    .strip_prefix("docs/monitoring.md#")
+                    .with_context(|| format!("{alert}: runbook {runbook}"))?;
+                ensure!(anchors.contains(target), "{alert}: no section #{target} in monitoring.md");
+                ensure!(target == anchor(alert), "{alert}'s runbook is another alert's section");
+                for key in ["summary", "description"] {
+                    ensure!(rule["annotations"][key].as_str().is_some(), "{alert}: no {key}");
+                }
+            }
+        }
+    }
+    ensure!(alerts >= 10, "only {alerts} alerts found");
+    Ok(())
+}
+
 // ---- the live check ----
 
 /// A client that shows the admin token.
