@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 project=delayd-smoke
-compose() { docker-compose -p "$project" "$@"; }
+. scripts/compose.sh
+echo "compose: ${compose_cmd[*]}"
+compose() { "${compose_cmd[@]}" -p "$project" "$@"; }
 trap 'compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
 
 # The same admin token and cluster secret on every node; a namespace token for the data plane.

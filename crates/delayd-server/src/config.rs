@@ -85,6 +85,27 @@ pub struct Config {
     /// TLS for the HTTP and gRPC listeners and mutual TLS between peers, loaded; `None`:
     /// plain text. See `delayd_raft::tls`.
     pub tls: Option<Arc<Tls>>,
+    /// Which build this node runs, exported as `delayd_build_info`.
+    pub build: BuildInfo,
+}
+
+/// Which build a node runs: shown by `delayd --version` and exported as the labels of the
+/// `delayd_build_info` gauge, so a dashboard can tell which nodes an upgrade has reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuildInfo {
+    /// The release, e.g. `0.1.0`.
+    pub version: String,
+    /// The git revision it was built from (12 hex digits), or `unknown` when it was built
+    /// outside a git checkout.
+    pub git_sha: String,
+}
+
+impl Default for BuildInfo {
+    /// This library's version and an unknown revision: what an embedding program that says
+    /// nothing else gets. The `delayd` binary fills in its own.
+    fn default() -> Self {
+        BuildInfo { version: env!("CARGO_PKG_VERSION").into(), git_sha: "unknown".into() }
+    }
 }
 
 impl Default for Config {
@@ -124,6 +145,7 @@ impl Default for Config {
             ready_max_lag: 1000,
             debug_clock: false,
             tls: None,
+            build: BuildInfo::default(),
         }
     }
 }

@@ -17,9 +17,14 @@
 //!   [`StoreMetrics`] handles registered here.
 //! - **Scrape time**: gauges computed from local state when `/metrics` is read — queue
 //!   sizes and upcoming due times from the local replica (a stale read: a follower may lag
-//!   the leader by a few entries), Raft's view from `raft.metrics()`, and RocksDB's sizes.
+//!   the leader by a few entries), Raft's view from `raft.metrics()`, RocksDB's sizes and
+//!   the free space of the filesystem holding the data directory.
 //!   Queues are listed up to [`MAX_QUEUES`], those that sort first by name; the rest are
 //!   left out.
+//!
+//! Every name is in base units (seconds, bytes) or counts a thing it names (`_entries`,
+//! `_total`), as Prometheus' conventions ask; `deploy/monitoring/` queries these names and
+//! a test (`tests/e2e/monitoring.rs`) checks that each one it queries is exported.
 //!
 //! Caveat: per-queue counters are never removed, so a node that has seen many short-lived
 //! queues keeps their series until it restarts; past [`MAX_QUEUES`] distinct queues, events
@@ -27,6 +32,7 @@
 //! with `_` are reserved, so this never mixes with a real queue).
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -36,10 +42,11 @@ use delayd_store::{StateReader, StoreMetrics, TypeConfig};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::{Instant as _, RaftMetrics, ServerState};
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::config::BuildInfo;
 use crate::error::ServiceError;
 
 /// Most queues reported by the per-queue gauges, and most queues with their own event
@@ -101,6 +108,7 @@ pub struct Metrics {
     grpc_requests: IntCounterVec,
     grpc_seconds: HistogramVec,
     token_catch_ups: IntCounter,
+    rate_limited: IntCounterVec,
     reserves_waiting: IntGauge,
     protocol_requests: IntCounterVec,
     protocol_seconds: HistogramVec,
@@ -121,9 +129,13 @@ pub struct Metrics {
     raft_applied_index: IntGauge,
     raft_replication_lag: IntGaugeVec,
     /// No labels: a vector so that the series can be absent when this node does not lead.
-    raft_quorum_ack: IntGaugeVec,
+    raft_quorum_ack: GaugeVec,
 
     rocksdb_size: IntGaugeVec,
+    /// No labels: vectors so that the series are absent, rather than 0, when the filesystem
+    /// cannot be asked (0 bytes available would page someone).
+    filesystem_available: IntGaugeVec,
+    filesystem_size: IntGaugeVec,
 
     webhook_attempts: IntCounterVec,
     webhook_dispatch_latency: HistogramVec,
@@ -177,11 +189,19 @@ fn to_i64(n: u64) -> i64 {
 }
 
 impl Metrics {
-    /// A registry with every metric of a node, recording into `store`'s handles too.
-    pub fn new(store: StoreMetrics) -> prometheus::Result<Metrics> {
+    /// A registry with every metric of a node, recording into `store`'s handles too;
+    /// `build` labels `delayd_build_info`.
+    pub fn new(store: StoreMetrics, build: &BuildInfo) -> prometheus::Result<Metrics> {
         let registry = Registry::new();
         store.register(&registry)?;
         let b = Builder(&registry);
+        b.gauge(
+            "delayd_build_info",
+            "Always 1; its labels say which build this node runs.",
+            &["version", "git_sha"],
+        )?
+        .with_label_values(&[build.version.as_str(), build.git_sha.as_str()])
+        .set(1);
         let queue = &["namespace", "queue"];
         let events =
             |what: &str, help: &str| b.counter(&format!("delayd_jobs_{what}_total"), help, queue);
@@ -238,6 +258,12 @@ impl Metrics {
                 "Read barriers a follower ran to check tokens it did not know (shared by the \
                  checks that arrived while one ran).",
             ))?,
+            rate_limited: b.counter(
+                "delayd_rate_limited_total",
+                "Requests refused (HTTP 429, gRPC RESOURCE_EXHAUSTED) because a namespace \
+                 token's read or write rate limit on this node was spent.",
+                &["namespace", "access"],
+            )?,
             reserves_waiting: b.add(IntGauge::new(
                 "delayd_reserves_waiting",
                 "Reserves (long-polls of any protocol) parked on this node until a job is \
@@ -291,11 +317,13 @@ impl Metrics {
                 "On the leader: its last log index minus each follower's matched index.",
                 &["follower"],
             )?,
-            raft_quorum_ack: b.gauge(
-                "delayd_raft_millis_since_quorum_ack",
-                "On the leader: milliseconds since a quorum last acknowledged it.",
+            raft_quorum_ack: b.add(GaugeVec::new(
+                Opts::new(
+                    "delayd_raft_seconds_since_quorum_ack",
+                    "On the leader: seconds since a quorum last acknowledged it.",
+                ),
                 &[],
-            )?,
+            ))?,
             webhook_attempts: b.counter(
                 "delayd_webhook_attempts_total",
                 "Webhook requests by outcome: ok (2xx), status (another answer), timeout, error \
@@ -323,6 +351,17 @@ impl Metrics {
                 "delayd_rocksdb_size_bytes",
                 "Space RocksDB uses, by kind: sst files, memtables, wal files.",
                 &["kind"],
+            )?,
+            filesystem_available: b.gauge(
+                "delayd_filesystem_available_bytes",
+                "Bytes an unprivileged process may still write on the filesystem holding the \
+                 data directory, read at scrape time.",
+                &[],
+            )?,
+            filesystem_size: b.gauge(
+                "delayd_filesystem_size_bytes",
+                "Size of the filesystem holding the data directory, read at scrape time.",
+                &[],
             )?,
             scrape: Mutex::new(()),
             store,
@@ -421,6 +460,13 @@ impl Metrics {
         self.token_catch_ups.inc();
     }
 
+    /// Counts one request refused because a token of `namespace` spent its `access` (`read`
+    /// or `write`) rate limit. Namespaces are those that have tokens, so the series are
+    /// bounded by the tokens an operator created.
+    pub(crate) fn rate_limited(&self, namespace: &str, access: &str) {
+        self.rate_limited.with_label_values(&[namespace, access]).inc();
+    }
+
     /// Counts a leader newly seen by the leader watch.
     fn leader_changed(&self) {
         self.raft_leader_changes.inc();
@@ -439,6 +485,7 @@ impl Metrics {
             tracing::debug!(error = %e, "queue gauges left out of this scrape");
         }
         self.refresh_storage(reader);
+        self.refresh_filesystem(&cluster.config().data_dir);
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .map_err(|e| ServiceError::Internal(format!("encoding metrics: {e}")))
@@ -460,8 +507,8 @@ impl Metrics {
             self.raft_replication_lag.with_label_values(&[id.to_string()]).set(to_i64(lag));
         }
         self.raft_quorum_ack.reset();
-        if let Some(ms) = m.last_quorum_acked.as_ref().map(|at| at.elapsed().as_millis() as u64) {
-            self.raft_quorum_ack.with_label_values::<&str>(&[]).set(to_i64(ms));
+        if let Some(at) = m.last_quorum_acked.as_ref() {
+            self.raft_quorum_ack.with_label_values::<&str>(&[]).set(at.elapsed().as_secs_f64());
         }
     }
 
@@ -506,6 +553,23 @@ impl Metrics {
             Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's sizes"),
         }
     }
+
+    /// The free space and size of the filesystem holding `data_dir` (`statvfs`); both
+    /// series are left out of a scrape that cannot ask.
+    fn refresh_filesystem(&self, data_dir: &Path) {
+        self.filesystem_available.reset();
+        self.filesystem_size.reset();
+        match rustix::fs::statvfs(data_dir) {
+            Ok(fs) => {
+                let block = fs.f_frsize;
+                let available = fs.f_bavail.saturating_mul(block);
+                let size = fs.f_blocks.saturating_mul(block);
+                self.filesystem_available.with_label_values::<&str>(&[]).set(to_i64(available));
+                self.filesystem_size.with_label_values::<&str>(&[]).set(to_i64(size));
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read the data directory's filesystem"),
+        }
+    }
 }
 
 /// Counts every leader this node sees established, until its Raft stops: a change of
@@ -540,7 +604,7 @@ mod tests {
 
     #[test]
     fn event_counters_stop_growing_new_queues_at_the_cap() {
-        let m = Metrics::new(StoreMetrics::default()).unwrap();
+        let m = Metrics::new(StoreMetrics::default(), &BuildInfo::default()).unwrap();
         let q = |i: usize| QueueName::new("ns", format!("q{i}"));
         for i in 0..MAX_QUEUES {
             assert_eq!(m.queue_labels(&q(i)), ["ns", format!("q{i}").as_str()]);

@@ -48,7 +48,7 @@ impl Node {
             ));
         }
         let metrics = Arc::new(
-            Metrics::new(StoreMetrics::default())
+            Metrics::new(StoreMetrics::default(), &config.build)
                 .map_err(|e| ServiceError::Internal(format!("metrics: {e}")))?,
         );
         // Bound before the cluster opens, so a port in use fails before anything started.

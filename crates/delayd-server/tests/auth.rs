@@ -317,10 +317,23 @@ async fn rate_limits_apply_per_token_and_kind() {
         assert_eq!(retry.as_deref(), expected, "{status}");
     }
     // A reserve counts as a write (it takes a job): with the write budget spent, refused.
+    let mut reserve_refused = 0.0;
     if started.elapsed().as_secs() == 0 {
         let (s, _) = t.call(Method::GET, "/api/ns1/q", Some(&limited)).await;
         assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+        reserve_refused = 1.0;
     }
+    // Every refusal is counted, by namespace and kind, for the rate-limit alert.
+    let refused = |calls: &[(StatusCode, Value)]| {
+        calls.iter().filter(|(s, _)| *s == StatusCode::TOO_MANY_REQUESTS).count() as f64
+    };
+    let limited_total = |access| {
+        let labels = [("namespace", "ns1"), ("access", access)];
+        let t = &t;
+        async move { labelled(t, "delayd_rate_limited_total", &labels).await }
+    };
+    assert_eq!(limited_total("write").await, refused(&writes) + reserve_refused);
+    assert_eq!(limited_total("read").await, refused(&reads));
     // Other tokens and the admin are not limited by it.
     for _ in 0..5 {
         assert_eq!(t.call(Method::PUT, "/api/ns1/q", Some(&free)).await.0, StatusCode::CREATED);
@@ -542,6 +555,19 @@ async fn counter(t: &TestNode, name: &str) -> f64 {
         String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
     let line = text.lines().find(|l| l.starts_with(&format!("{name} "))).expect(name);
     line[name.len() + 1..].trim().parse().unwrap()
+}
+
+/// The value of the series of `name` whose labels include `labels`, 0 when there is none.
+async fn labelled(t: &TestNode, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let req = Request::get("/metrics").header("x-token", ADMIN).body(Body::empty()).unwrap();
+    let resp = t.router.clone().oneshot(req).await.unwrap();
+    let text =
+        String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    let line = text.lines().find(|l| {
+        l.starts_with(&format!("{name}{{")) && wanted.iter().all(|w| l.contains(w.as_str()))
+    });
+    line.map_or(0.0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
 }
 
 /// A follower checks a token it does not know with the leader before refusing it (it may have

@@ -301,6 +301,15 @@ async fn metrics_follow_requests_jobs_raft_and_storage() {
     assert!(after.value("delayd_rocksdb_size_bytes", &[("kind", "memtable")]) > 0.0);
     assert!(after.get("delayd_rocksdb_size_bytes", &[("kind", "sst")]).is_some());
     assert!(after.get("delayd_rocksdb_size_bytes", &[("kind", "wal")]).is_some());
+    // The data directory's filesystem: some room left, less than all of it.
+    let size = after.value("delayd_filesystem_size_bytes", &[]);
+    let available = after.value("delayd_filesystem_available_bytes", &[]);
+    assert!(size > 0.0 && available > 0.0 && available <= size, "{available} of {size}");
+
+    // Which build: the library's version, and no revision (only the binary knows it).
+    let build = [("version", env!("CARGO_PKG_VERSION")), ("git_sha", "unknown")];
+    assert_eq!(after.get("delayd_build_info", &build), Some(1.0));
+    assert_eq!(after.series("delayd_build_info").len(), 1);
 
     // A snapshot is timed and sized.
     n.node.cluster().snapshot().await.unwrap();
@@ -357,7 +366,9 @@ async fn the_leader_reports_lag_per_follower_and_every_replica_the_same_job_coun
     let expected: Vec<String> =
         (1..=3).filter(|id| *id != leader).map(|id| id.to_string()).collect();
     assert_eq!(followers, expected);
-    assert!(on_leader.get("delayd_raft_millis_since_quorum_ack", &[]).is_some());
+    let since_ack = on_leader.get("delayd_raft_seconds_since_quorum_ack", &[]);
+    // In seconds: heartbeats keep it well under the 0.4 s lease, never thousands (ms).
+    assert!(since_ack.is_some_and(|s| (0.0..5.0).contains(&s)), "{since_ack:?}");
     for (i, n) in nodes.iter().enumerate() {
         let s = n.scrape().await;
         assert_eq!(s.value("delayd_raft_leader_id", &[]), leader as f64);
@@ -370,4 +381,61 @@ async fn the_leader_reports_lag_per_follower_and_every_replica_the_same_job_coun
     for n in &nodes {
         n.node.shutdown().await;
     }
+}
+
+/// Prometheus asks for gzip; the answer is then gzipped, and decompresses to the same text
+/// format a plain scrape gets. A client that does not ask, or refuses gzip, gets plain text.
+#[tokio::test]
+async fn metrics_are_gzipped_for_clients_that_accept_gzip() {
+    let n = TestNode::start(Config::default()).await;
+    n.publish(Q).await;
+    let get = |encoding: Option<&'static str>| {
+        let mut req = Request::get("/metrics").header("authorization", format!("Bearer {ADMIN}"));
+        if let Some(e) = encoding {
+            req = req.header(header::ACCEPT_ENCODING, e);
+        }
+        n.router.clone().oneshot(req.body(Body::empty()).unwrap())
+    };
+
+    let resp = get(Some("gzip")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()[header::CONTENT_ENCODING], "gzip");
+    assert_eq!(resp.headers()[header::CONTENT_TYPE], "text/plain; version=0.0.4");
+    assert_eq!(resp.headers()[header::VARY], "accept-encoding");
+    let compressed = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&compressed[..2], &[0x1f, 0x8b], "a gzip member starts with its magic bytes");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&compressed[..]), &mut text)
+        .unwrap();
+    assert!(compressed.len() * 3 < text.len(), "{} of {} bytes", compressed.len(), text.len());
+    let gzipped = Scrape(parse(&text));
+    assert!(text.contains("# TYPE delayd_jobs_published_total counter"));
+    assert_eq!(gzipped.get("delayd_jobs_published_total", &queue("q")), Some(1.0));
+
+    // The same series as a plain scrape taken now (values such as durations move between
+    // the two; the names and labels do not).
+    let plain = n.scrape().await;
+    let names = |s: &Scrape| {
+        let mut v: Vec<_> = s.0.iter().map(|(n, l, _)| (n.clone(), l.clone())).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let (a, b) = (names(&gzipped), names(&plain));
+    let request_series =
+        |(n, _): &&(String, BTreeMap<String, String>)| !n.starts_with("delayd_http");
+    assert_eq!(
+        a.iter().filter(request_series).collect::<Vec<_>>(),
+        b.iter().filter(request_series).collect::<Vec<_>>(),
+        "the scrapes differ beyond the requests they count"
+    );
+
+    for refused in [None, Some("gzip;q=0"), Some("br")] {
+        let resp = get(refused).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers().get(header::CONTENT_ENCODING).is_none(), "{refused:?}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(body.starts_with(b"# HELP "), "{refused:?}: plain text");
+    }
+    n.node.shutdown().await;
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use delayd_server::config::BuildInfo;
 use delayd_server::Node;
 use settings::Settings;
 use tracing_subscriber::EnvFilter;
@@ -19,12 +20,23 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The git revision this binary was built from (`build.rs`): 12 hex digits or `unknown`.
+const GIT_SHA: &str = env!("DELAYD_GIT_SHA");
+
+/// What `delayd --version` prints after the program's name: `0.1.0 (0123456789ab)`.
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DELAYD_GIT_SHA"), ")");
+
+/// This build, as `delayd_build_info` shows it.
+fn build_info() -> BuildInfo {
+    BuildInfo { version: env!("CARGO_PKG_VERSION").into(), git_sha: GIT_SHA.into() }
+}
+
 /// A Raft-replicated delay queue with lmstfy's HTTP API.
 ///
 /// Settings come from the config file, then `DELAYD_*` environment variables, then flags;
 /// each key is documented with its default in delayd.example.toml.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version = VERSION, about)]
 struct Args {
     /// TOML settings file; environment variables and flags override it.
     #[arg(long, env = "DELAYD_CONFIG")]
@@ -64,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let settings = args.settings.over(file).over(Settings::defaults());
     let mut config = settings.to_config()?;
+    config.build = build_info();
     init_logging(&settings)?;
 
     if config.auth.dev {
@@ -82,6 +95,8 @@ async fn main() -> anyhow::Result<()> {
         config.auth.admin_token = Some(token);
     }
     tracing::info!(
+        version = %config.build.version,
+        git_sha = %config.build.git_sha,
         settings = %serde_json::to_string(&settings.redacted()).unwrap_or_default(),
         config_file = ?args.config,
         "effective configuration"
@@ -131,6 +146,20 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_names_the_release_and_the_revision() {
+        let err = Args::try_parse_from(["delayd", "--version"]).expect_err("prints and exits");
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayVersion);
+        let shown = err.to_string();
+        let expected = format!("delayd {} ({})", env!("CARGO_PKG_VERSION"), build_info().git_sha);
+        assert_eq!(shown.trim(), expected);
+        let sha = build_info().git_sha;
+        assert!(
+            sha == "unknown" || (!sha.is_empty() && sha.chars().all(|c| c.is_ascii_hexdigit())),
+            "{sha:?} is neither a revision nor `unknown`"
+        );
+    }
 
     /// Found by the chaos harness: `DELAYD_DEBUG_CLOCK=1` made the node exit at start,
     /// because clap's plain boolean flags accept only `true`/`false` from the environment.

@@ -462,6 +462,7 @@ impl Settings {
             ready_max_lag: self.ready_max_lag.unwrap_or(d.ready_max_lag),
             debug_clock: self.debug_clock.unwrap_or(false),
             tls: self.tls()?,
+            build: d.build,
         };
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(config)

@@ -50,6 +50,8 @@ pub struct DockerBackend {
     started: bool,
     /// The image the nodes run (the override file reads it as `DELAYD_IMAGE`).
     image: String,
+    /// The compose command: `docker compose` or `docker-compose` (see [`compose_command`]).
+    compose_cmd: Vec<String>,
 }
 
 impl DockerBackend {
@@ -82,8 +84,7 @@ impl DockerBackend {
                 );
             }
         }
-        run(&mut cmd("docker-compose", ["version", "--short"]))
-            .context("docker-compose (v1) is needed for the docker backend")?;
+        let compose_cmd = compose_command()?;
         if run(&mut cmd("docker", ["image", "inspect", "--format", "{{.Id}}", &image])).is_err() {
             bail!("docker image {image} not found: build it with scripts/docker-image.sh");
         }
@@ -103,6 +104,7 @@ impl DockerBackend {
             network: None,
             started: false,
             image,
+            compose_cmd,
         })
     }
 
@@ -111,17 +113,19 @@ impl DockerBackend {
         &self.project
     }
 
-    /// `docker-compose -p <project> -f docker-compose.yml -f <override> <args>` in the
-    /// repository root.
+    /// `docker compose -p <project> -f docker-compose.yml -f <override> <args>` (or
+    /// `docker-compose ...`) in the repository root.
     fn compose<I, S>(&self, args: I) -> Command
     where
         I: IntoIterator<Item = S>,
         S: AsRef<std::ffi::OsStr>,
     {
-        let mut c = cmd(
-            "docker-compose",
-            ["-p", &self.project, "-f", "docker-compose.yml", "-f", OVERRIDE],
-        );
+        let (program, first) = self
+            .compose_cmd
+            .split_first()
+            .map_or(("docker-compose", &[][..]), |(p, a)| (p.as_str(), a));
+        let mut c = cmd(program, first);
+        c.args(["-p", &self.project, "-f", "docker-compose.yml", "-f", OVERRIDE]);
         c.args(args).current_dir(&self.repo_root);
         // The compose file requires an admin token; the override turns authentication off
         // (DELAYD_DEV), so any valid one will do.
@@ -137,7 +141,8 @@ impl DockerBackend {
         if let Some(id) = self.containers.get(i) {
             return Ok(id.clone());
         }
-        let out = run(&mut self.compose(["ps", "-q", &format!("delayd{node}")]))?;
+        // `-a`: Compose v2 leaves stopped containers out otherwise (v1 lists them anyway).
+        let out = run(&mut self.compose(["ps", "-a", "-q", &format!("delayd{node}")]))?;
         match out.split_whitespace().next() {
             Some(id) => Ok(id.to_string()),
             None => bail!("no container for delayd{node} in compose project {}", self.project),
@@ -233,6 +238,21 @@ impl DockerBackend {
         }
         Ok(())
     }
+}
+
+/// The compose command, chosen as `scripts/compose.sh` chooses it: `$DELAYD_COMPOSE` if set
+/// (split on whitespace), else Compose v2 (`docker compose`) when the plugin answers, else
+/// the standalone v1 `docker-compose`.
+fn compose_command() -> anyhow::Result<Vec<String>> {
+    if let Some(chosen) = std::env::var("DELAYD_COMPOSE").ok().filter(|c| !c.trim().is_empty()) {
+        return Ok(chosen.split_whitespace().map(str::to_string).collect());
+    }
+    if run(&mut cmd("docker", ["compose", "version"])).is_ok() {
+        return Ok(vec!["docker".into(), "compose".into()]);
+    }
+    run(&mut cmd("docker-compose", ["version", "--short"]))
+        .context("the docker backend needs `docker compose` (v2) or `docker-compose` (v1)")?;
+    Ok(vec!["docker-compose".into()])
 }
 
 /// `id - 1`, checked.

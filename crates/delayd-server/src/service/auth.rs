@@ -287,6 +287,7 @@ impl Service {
             (Principal::Namespace { token, record }, Scope::Namespace(_, access)) => {
                 self.inner.auth.admit(token, record, access).map_err(|wait| {
                     let kind = if access == Access::Read { "read" } else { "write" };
+                    self.inner.metrics.rate_limited(&record.namespace, kind);
                     ServiceError::RateLimited {
                         message: format!("the token's {kind} rate limit is spent; retry shortly"),
                         retry_after_ms: wait.as_millis().try_into().unwrap_or(u64::MAX),
