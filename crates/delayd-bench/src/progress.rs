@@ -89,7 +89,7 @@ pub fn phase(what: impl Into<String>) -> Bar {
 
 /// A bar of `total` jobs, advanced by the workers through [`Bar::handle`].
 pub fn jobs(what: impl Into<String>, total: u64) -> Bar {
-    let template = "  {msg} [{bar:30}] {human_pos}/{human_len} jobs, {per_sec}, eta {eta}";
+    let template = "  {msg} [{bar:30}] {human_pos}/{human_len} jobs, {per_sec:0}, eta {eta}";
     Bar::new(ProgressBar::new(total).with_style(style(template)), what.into())
 }
 
