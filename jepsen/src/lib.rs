@@ -30,6 +30,7 @@ pub mod failover;
 pub mod history;
 pub mod nemesis;
 pub mod plan;
+pub mod progress;
 pub mod render;
 pub mod run;
 pub mod stats;

@@ -54,14 +54,14 @@ impl Nemesis {
                 tokio::time::sleep(Duration::from_millis(due - now)).await;
             }
             let window = self.inject(f).await;
-            println!(
+            crate::progress::println(&format!(
                 "  [{:>6.1}s] {:<16} nodes {:?} for {:.1}s {}",
                 window.start_ms as f64 / 1000.0,
                 f.kind.name(),
                 window.nodes,
                 (window.end_ms - window.start_ms) as f64 / 1000.0,
                 window.detail
-            );
+            ));
             windows.push(window);
         }
         windows

@@ -23,6 +23,7 @@ use crate::client::{Client, Recorder, NAMESPACE};
 use crate::history::{Call, Outcome};
 use crate::nemesis::{on_backend, Nemesis, SharedBackend};
 use crate::plan::{self, FaultKind, Plan, PlanSpec};
+use crate::progress::Bar;
 use crate::workload::{self, Shared};
 
 /// Where the cluster runs.
@@ -211,7 +212,7 @@ async fn drive(
     let workers = workload::spawn(&plan.workload, &shared);
     let (windows, ()) = tokio::join!(
         nemesis.run(start_ms, &plan.faults),
-        tokio::time::sleep(Duration::from_millis(plan.duration_ms))
+        workload_time(plan, &recorder, start_ms, opts.long)
     );
     shared.running.store(false, Ordering::Relaxed);
     join_bounded(workers, Duration::from_secs(30)).await;
@@ -220,6 +221,7 @@ async fn drive(
 
     // Recovery and drain share one bound; past it the run is unknown, not failed.
     let deadline = tokio::time::Instant::now() + opts.drain_limit;
+    let recovering = opts.long.then(|| Bar::phase("recovering, draining, converging"));
     let mut problems = nemesis.recover().await;
     let leader = await_leader(&client, Duration::from_secs(60)).await;
     if !leader {
@@ -231,6 +233,7 @@ async fn drive(
     }
     read_dead_letter(plan, &shared).await;
     let convergence = converge(&client, nodes, Duration::from_secs(30)).await;
+    drop(recovering);
     let history = recorder.history();
     write_json(&dir.join("faults.json"), &windows)?;
 
@@ -285,6 +288,30 @@ async fn drive(
     std::fs::write(dir.join("summary.md"), &text)?;
     println!("{text}");
     Ok(verdict)
+}
+
+/// The workload's planned time. In long mode (minutes to hours) a progress bar shows it
+/// passing, with the operations recorded and the faults begun; it ends at the same instant
+/// either way.
+async fn workload_time(plan: &Plan, recorder: &Recorder, start_ms: u64, long: bool) {
+    let planned = Duration::from_millis(plan.duration_ms);
+    if !long {
+        tokio::time::sleep(planned).await;
+        return;
+    }
+    let end = tokio::time::Instant::now() + planned;
+    let bar = Bar::workload(planned);
+    loop {
+        let elapsed_ms = recorder.now_ms().saturating_sub(start_ms);
+        let begun = plan.faults.iter().filter(|f| f.at_ms <= elapsed_ms).count();
+        let elapsed = Duration::from_millis(elapsed_ms);
+        bar.workload_at(elapsed, recorder.len(), begun, plan.faults.len());
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            break;
+        }
+        tokio::time::sleep((end - now).min(Duration::from_secs(1))).await;
+    }
 }
 
 async fn await_leader(client: &Client, limit: Duration) -> bool {

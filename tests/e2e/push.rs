@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
-use delayd_jepsen::stats::Percentiles;
+use delayd_percentiles::Recorder;
 use delayd_tests::{eventually, n, now_ms, s, Api, Cluster};
 use serde_json::json;
 
@@ -85,17 +85,17 @@ async fn pushed_jobs_arrive_on_time_and_survive_a_leader_kill() -> Result<()> {
     })
     .await
     .context("every healthy job was posted")?;
-    let mut late: Vec<u64> = Vec::new();
+    let mut late = Recorder::new();
     for (id, due, at) in seen(&record)? {
         ensure!(at >= due, "job {id} posted {} ms before it was due", due - at);
         if healthy.contains(&id) {
-            late.push(at - due);
+            late.record(at - due);
         }
     }
-    let p = Percentiles::of(&late).context("lateness samples")?;
+    let p = late.summary().context("lateness samples")?;
     println!(
         "webhook dispatch, 1000 jobs due over 1 s: lateness p50 {} ms, p99 {} ms, max {} ms",
-        p.p50_ms, p.p99_ms, p.max_ms
+        p.p50, p.p99, p.max
     );
 
     // Jobs coming due while the leader dies: each is posted at least once, none early.
@@ -200,7 +200,7 @@ async fn a_schedule_fires_once_per_occurrence_across_a_leader_kill() -> Result<(
     }
     let got = got.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
     let mut keys = BTreeSet::new();
-    let mut late = Vec::new();
+    let mut late = Recorder::new();
     for (key, due, at) in &got {
         ensure!(keys.insert(key.clone()), "occurrence {key} delivered twice");
         ensure!(*key == format!("beat@{due}"), "key {key} for an occurrence at {due}");
@@ -208,7 +208,7 @@ async fn a_schedule_fires_once_per_occurrence_across_a_leader_kill() -> Result<(
         // One machine's clock for the test and the nodes; elapsed_ms is rounded down.
         ensure!(at + 5 >= *due, "occurrence {key} created {} ms early", due - at);
         if *due + 1_000 < killed || *due > elected + 1_000 {
-            late.push(at.saturating_sub(*due));
+            late.record(at.saturating_sub(*due));
         }
     }
     // Every occurrence outside the election arrived; within it, catch-up fired the latest.
@@ -222,14 +222,14 @@ async fn a_schedule_fires_once_per_occurrence_across_a_leader_kill() -> Result<(
             "occurrence {t} is missing outside the election ({killed}..{elected}): {missing:?}"
         );
     }
-    let p = Percentiles::of(&late).context("lateness samples")?;
+    let p = late.summary().context("lateness samples")?;
     println!(
         "schedule every {every} ms: {} occurrences delivered, {} skipped by the election; \
          jobs created after their occurrence, outside the election: p50 {} ms, p99 {} ms",
         got.len(),
         missing.len(),
-        p.p50_ms,
-        p.p99_ms
+        p.p50,
+        p.p99
     );
     cluster.nodes[leader] = cluster.nodes[leader].restart().await?;
     cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;

@@ -216,7 +216,7 @@ pub async fn publish(server: &Server, opts: &Opts) -> Result<Row> {
                 let t0 = Instant::now();
                 match c.put(delay_s, &data).await {
                     Ok(()) => {
-                        t.samples_ms.push(ms_since(t0));
+                        t.samples.record(ms_since(t0));
                         t.jobs += 1;
                     }
                     Err(e) => {
@@ -286,5 +286,6 @@ pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> 
             d.finish()
         }));
     }
-    crate::workloads::drain_row(server.mode.label(), "drain", "reserve+ack", tasks, total).await
+    let label = server.mode.label();
+    crate::workloads::drain_row(label, "drain", "reserve+ack", tasks, total, acked).await
 }

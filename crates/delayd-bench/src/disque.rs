@@ -66,7 +66,7 @@ pub async fn add(ctx: &Ctx) -> Result<Row> {
                 let t0 = Instant::now();
                 match addjob(&mut con, "disque-add", &body, delay_s).await {
                     Ok(_) => {
-                        t.samples_ms.push(ms_since(t0));
+                        t.samples.record(ms_since(t0));
                         t.jobs += 1;
                     }
                     Err(e) => t.error(e),
@@ -140,5 +140,6 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
             d.finish()
         }));
     }
-    drain_row(&ctx.system, "disque-drain", "GETJOB+ACKJOB (2 round trips)", tasks, total).await
+    let latency_of = "GETJOB+ACKJOB (2 round trips)";
+    drain_row(&ctx.system, "disque-drain", latency_of, tasks, total, acked).await
 }

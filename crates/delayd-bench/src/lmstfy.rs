@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use delayd_percentiles::MillisRecorder;
 use redis::aio::MultiplexedConnection;
 use serde_json::json;
 
@@ -187,7 +188,7 @@ async fn pump(mut con: MultiplexedConnection) {
                 Err(e) => {
                     // The timer workload then reports the jobs it misses.
                     if !reported {
-                        eprintln!("delayd-bench: lmstfy-redis pump: {e}");
+                        crate::progress::eprintln(&format!("delayd-bench: lmstfy-redis pump: {e}"));
                         reported = true;
                     }
                     break;
@@ -314,7 +315,7 @@ pub async fn publish(server: &Server, opts: &Opts) -> Result<Row> {
                 let due = (delay_s > 0).then(|| now_s() + delay_s);
                 match publish_job(&mut con, "publish", &new_id(), &data, due).await {
                     Ok(()) => {
-                        t.samples_ms.push(ms_since(t0));
+                        t.samples.record(ms_since(t0));
                         t.jobs += 1;
                     }
                     Err(e) => t.error(e),
@@ -384,7 +385,7 @@ pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> 
             d.finish()
         }));
     }
-    drain_row(SYSTEM, "drain", "reserve+ack (4 round trips)", tasks, total).await
+    drain_row(SYSTEM, "drain", "reserve+ack (4 round trips)", tasks, total, acked).await
 }
 
 /// `lifecycle`: C/2 producers (delay 0) and C/2 consumers (reserve + ack) for T seconds, as
@@ -418,7 +419,7 @@ pub async fn lifecycle(server: &Server, opts: &Opts) -> Result<Row> {
                 match reserve(&mut con, q).await {
                     Ok(Some((id, body))) => {
                         if let Some(published) = stamp(&body, 0) {
-                            t.samples_ms.push(wall_ms() - published);
+                            t.samples.record(wall_ms() - published);
                         }
                         match ack(&mut con, q, &id).await {
                             Ok(()) => t.jobs += 1,
@@ -464,7 +465,7 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
     let received = Arc::new(AtomicU64::new(0));
     let published = Arc::new(AtomicU64::new(0));
     let publishing = Arc::new(AtomicU64::new(1));
-    let meant_lateness = Arc::new(Mutex::new(Vec::new()));
+    let meant_lateness = Arc::new(Mutex::new(MillisRecorder::new()));
     let deadline = Instant::now()
         + Duration::from_millis(lead_ms)
         + Duration::from_secs_f64(opts.timer_secs)
@@ -476,7 +477,7 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
         let meant = meant_lateness.clone();
         consumers.push(tokio::spawn(async move {
             let mut t = Tally::default();
-            let mut mine = Vec::new();
+            let mut mine = MillisRecorder::new();
             loop {
                 let done = publishing.load(Ordering::Acquire) == 0
                     && received.load(Ordering::Relaxed) >= published.load(Ordering::Relaxed);
@@ -488,8 +489,8 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
                         let now = wall_ms();
                         match (stamp(&body, 0), stamp(&body, 1)) {
                             (Some(due), Some(meant_due)) => {
-                                t.samples_ms.push(now - due);
-                                mine.push(now - meant_due);
+                                t.samples.record(now - due);
+                                mine.record(now - meant_due);
                             }
                             _ => t.error("timer job without its due times"),
                         }
@@ -504,7 +505,7 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
                 }
             }
             if let Ok(mut m) = meant.lock() {
-                m.extend(mine);
+                m.merge(&mine);
             }
             t
         }));
@@ -549,12 +550,12 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
     let late = late_publishes.load(Ordering::Relaxed);
     let pub_errors = take(&pub_errors);
     let how = " with whole-second delays";
-    let (mut row, _) = timer_row(SYSTEM, "timer", opts, consumed, published, late, pub_errors, how);
-    let mut meant = meant_lateness.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
+    let mut row = timer_row(SYSTEM, "timer", opts, consumed, published, late, pub_errors, how);
+    let meant = meant_lateness.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
     // Not an early delivery by lmstfy's own rules (the score is its due time), but what a
     // user asking for "in N seconds" sees: lmstfy truncates now to the second.
-    let before_meant = meant.iter().filter(|l| **l < 0.0).count();
-    let meant = Percentiles::of(&mut meant);
+    let before_meant = meant.below_zero();
+    let meant = Percentiles::of(&meant);
     if let Some(m) = meant {
         row.note.push_str(&format!(
             "; from the time meant: p50 {:.0} ms, max {:.0} ms, {before_meant} before it",

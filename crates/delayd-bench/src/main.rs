@@ -20,6 +20,7 @@ mod beanstalk;
 mod cluster;
 mod disque;
 mod lmstfy;
+mod progress;
 mod report;
 mod stats;
 mod workloads;
@@ -230,9 +231,9 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Prints a row as soon as it is measured and keeps it.
+/// Prints a row as soon as it is measured (above any progress bar) and keeps it.
 fn emit(rows: &mut Vec<Row>, row: Row) {
-    println!("{}", report::table_row(&row));
+    progress::println(&report::table_row(&row));
     rows.push(row);
 }
 
@@ -283,6 +284,7 @@ async fn run(args: Args) -> Result<ExitCode> {
         for w in &selected {
             for c in levels_of(w, &levels) {
                 let ctx = base.with_clients(c);
+                let _running = progress::phase(format!("{} · {w} · {c} clients", cluster.name));
                 ctx.cpu.start(&cluster.pids());
                 let result = match *w {
                     "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
@@ -437,11 +439,13 @@ async fn run_beanstalkd(
         let pid = server.pid();
         for &c in levels.iter().filter(|_| publish) {
             let opts = Opts { clients: c, ..opts.clone() };
+            let _running = progress::phase(format!("{} · publish · {c} clients", mode.label()));
             let (result, usage) = measured(&cpu, pid, beanstalk::publish(&server, &opts)).await;
             emit_all(rows, mode.label(), "publish", c, result, usage);
         }
         for &c in levels.iter().filter(|_| drain) {
             let opts = Opts { clients: c, ..opts.clone() };
+            let _running = progress::phase(format!("{} · drain · {c} clients", mode.label()));
             let (result, usage) = measured(&cpu, pid, beanstalk::drain(&server, &opts, &cpu)).await;
             emit_all(rows, mode.label(), "drain", c, result, usage);
         }
@@ -484,6 +488,7 @@ async fn run_lmstfy(
         for &c in at.iter().filter(|_| on) {
             let opts = Opts { clients: c, ..opts.clone() };
             let pid = server.pid();
+            let _running = progress::phase(format!("{system} · {w} · {c} clients"));
             let (result, usage) = match w {
                 "publish" => measured(&cpu, pid, lmstfy::publish(&server, &opts)).await,
                 "drain" => measured(&cpu, pid, lmstfy::drain(&server, &opts, &cpu)).await,

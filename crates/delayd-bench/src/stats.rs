@@ -1,5 +1,6 @@
-//! What a workload measures and how it is summarised: nearest-rank percentiles over sorted
-//! samples (no histogram crate: a run keeps at most a few million `f64`s), the per-worker tally
+//! What a workload measures and how it is summarised: nearest-rank percentiles of an HDR
+//! histogram ([`delayd_percentiles`]: 3 significant digits, microsecond resolution, exact
+//! below 2.048 ms; a worker's tally is a histogram, not a list of samples), the per-worker tally
 //! that workers merge at the end, the shared job budget, the CPU time spent by the servers and
 //! by the bench itself, and the result row that the table, the JSON file and the report are
 //! all rendered from.
@@ -8,10 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use delayd_percentiles::MillisRecorder;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-/// Latency (or lateness) percentiles in milliseconds, nearest rank.
+/// Latency (or lateness) percentiles in milliseconds, nearest rank (see
+/// [`delayd_percentiles`] for the precision). Lateness below zero (an early delivery) counts
+/// as 0 here; the timer rows report early deliveries apart.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Percentiles {
     /// Number of samples.
@@ -27,27 +31,17 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    /// Percentiles of `samples` (sorted here); `None` when there are none.
-    pub fn of(samples: &mut [f64]) -> Option<Percentiles> {
-        if samples.is_empty() {
-            return None;
-        }
-        samples.sort_by(f64::total_cmp);
+    /// Percentiles of the samples of `recorded`; `None` when there are none.
+    pub fn of(recorded: &MillisRecorder) -> Option<Percentiles> {
+        let s = recorded.summary()?;
         Some(Percentiles {
-            n: samples.len(),
-            p50: nearest_rank(samples, 0.50),
-            p99: nearest_rank(samples, 0.99),
-            p999: nearest_rank(samples, 0.999),
-            max: samples[samples.len() - 1],
+            n: usize::try_from(s.count).unwrap_or(usize::MAX),
+            p50: s.p50,
+            p99: s.p99,
+            p999: s.p999,
+            max: s.max,
         })
     }
-}
-
-/// The nearest-rank percentile of sorted, non-empty `sorted`: the smallest sample such that
-/// at least `p` of all samples are at or below it.
-pub fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Wall-clock now in fractional unix milliseconds: lateness compares it with the server's
@@ -91,7 +85,7 @@ impl Budget {
 #[derive(Default)]
 pub struct Tally {
     /// Per-operation latency (or lateness) samples, ms.
-    pub samples_ms: Vec<f64>,
+    pub samples: MillisRecorder,
     /// Jobs completed (a bulk operation counts each of its jobs).
     pub jobs: u64,
     /// Failed operations.
@@ -111,7 +105,7 @@ impl Tally {
 
     /// Adds another worker's tally to this one.
     pub fn merge(&mut self, other: Tally) {
-        self.samples_ms.extend(other.samples_ms);
+        self.samples.merge(&other.samples);
         self.jobs += other.jobs;
         self.errors += other.errors;
         if self.first_error.is_none() {
@@ -212,7 +206,7 @@ impl Row {
     pub fn from_tally(
         system: &str,
         workload: &str,
-        mut tally: Tally,
+        tally: Tally,
         secs: f64,
         latency_of: &'static str,
     ) -> Row {
@@ -220,7 +214,7 @@ impl Row {
         row.jobs = tally.jobs;
         row.secs = secs;
         row.jobs_per_s = (secs > 0.0).then(|| tally.jobs as f64 / secs);
-        row.latency_ms = Percentiles::of(&mut tally.samples_ms);
+        row.latency_ms = Percentiles::of(&tally.samples);
         row.latency_of = latency_of;
         row.errors = tally.errors;
         if let Some(e) = tally.first_error {
@@ -365,13 +359,30 @@ mod tests {
 
     #[test]
     fn nearest_rank_percentiles() {
-        let mut v: Vec<f64> = (1..=1000).rev().map(f64::from).collect();
-        let p = Percentiles::of(&mut v);
-        let p = p.map(|p| (p.n, p.p50, p.p99, p.p999, p.max));
-        assert_eq!(p, Some((1000, 500.0, 990.0, 999.0, 1000.0)));
-        assert_eq!(nearest_rank(&[7.0], 0.999), 7.0);
-        assert_eq!(nearest_rank(&[1.0, 2.0], 0.5), 1.0);
-        assert!(Percentiles::of(&mut []).is_none());
+        let mut a = Tally::default();
+        let mut b = Tally::default();
+        // 1..=1000 ms over two workers, merged: ranks 500, 990, 999, each to 3 significant
+        // digits (the top of its µs bucket: at most 1/1024 high); the maximum is exact.
+        for ms in (1..=500).rev() {
+            a.samples.record(f64::from(ms));
+        }
+        for ms in 501..=1000 {
+            b.samples.record(f64::from(ms));
+        }
+        a.merge(b);
+        let p = Percentiles::of(&a.samples).expect("samples");
+        assert_eq!((p.n, p.max), (1000, 1000.0));
+        for (got, exact) in [(p.p50, 500.0), (p.p99, 990.0), (p.p999, 999.0)] {
+            assert!(got >= exact && got <= exact * (1.0 + 1.0 / 1024.0), "{got} for {exact}");
+        }
+        // Sub-millisecond detail is kept (µs resolution).
+        let mut m = MillisRecorder::new();
+        for ms in [0.125, 0.375, 1.75] {
+            m.record(ms);
+        }
+        let p = Percentiles::of(&m).map(|p| (p.p50, p.max));
+        assert_eq!(p, Some((0.375, 1.75)));
+        assert!(Percentiles::of(&MillisRecorder::new()).is_none());
     }
 
     #[test]

@@ -14,10 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use delayd_percentiles::MillisRecorder;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
+use crate::progress;
 use crate::stats::{
     join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Status, Tally,
 };
@@ -192,14 +194,14 @@ pub async fn publish(ctx: &Ctx, bulk: bool) -> Result<Row> {
     let name = if bulk { "publish-bulk" } else { "publish-http" };
     let per_op = if bulk { BULK_JOBS as u64 } else { 1 };
     let budget = Budget::new(ctx.opts.jobs, ctx.opts.secs);
-    let tally = publish_loop(ctx, name, budget, bulk, ctx.opts.publish_delay_ms, "0").await?;
+    let tally = publish_loop(ctx, name, budget, bulk, ctx.opts.publish_delay_ms, "0", None).await?;
     let mut row = Row::from_tally(&ctx.system, name, tally.0, tally.1, "request");
     row.prefix_note(format!("{per_op} job(s)/request, delay {} ms", ctx.opts.publish_delay_ms));
     Ok(row)
 }
 
 /// C clients publishing singly or in bulk with `delay_ms` until `budget` is spent; returns
-/// the tally and the seconds it took.
+/// the tally and the seconds it took. Jobs published advance `progress`, if given.
 async fn publish_loop(
     ctx: &Ctx,
     queue: &str,
@@ -207,6 +209,7 @@ async fn publish_loop(
     bulk: bool,
     delay_ms: u64,
     ttl_s: &str,
+    progress: Option<&progress::Bar>,
 ) -> Result<(Tally, f64)> {
     let per_op = if bulk { BULK_JOBS as u64 } else { 1 };
     let payload = if bulk { bulk_body() } else { body() };
@@ -216,14 +219,18 @@ async fn publish_loop(
         let path = if bulk { "/bulk" } else { "" };
         let url = format!("{}{path}?delay_ms={delay_ms}&ttl={ttl_s}", ctx.queue_url(i, queue));
         let (http, budget, payload) = (ctx.http.clone(), budget.clone(), payload.clone());
+        let bar = progress.map(progress::Bar::handle);
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::default();
             while budget.take(per_op) {
                 let t0 = Instant::now();
                 match expect(http.put(&url).body(payload.clone()), StatusCode::CREATED).await {
                     Ok(_) => {
-                        t.samples_ms.push(ms_since(t0));
+                        t.samples.record(ms_since(t0));
                         t.jobs += per_op;
+                        if let Some(bar) = &bar {
+                            bar.inc(per_op);
+                        }
                     }
                     Err(e) => t.error(e),
                 }
@@ -276,7 +283,7 @@ pub async fn publish_grpc_stream(ctx: &Ctx) -> Result<Row> {
                 let t0 = Instant::now();
                 match client.publish_stream(batches.clone()).await {
                     Ok(results) => {
-                        t.samples_ms.push(ms_since(t0));
+                        t.samples.record(ms_since(t0));
                         for r in results {
                             match r.error {
                                 None => t.jobs += r.job_ids.len() as u64,
@@ -301,8 +308,10 @@ pub async fn publish_grpc_stream(ctx: &Ctx) -> Result<Row> {
 
 /// Preloads `n` ready jobs into `queue` with bulk publishes and waits until all are ready.
 async fn preload(ctx: &Ctx, queue: &str, n: u64) -> Result<()> {
-    let budget = Budget::new(Some(n.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64), 3600.0);
-    let (t, _) = publish_loop(ctx, queue, budget, true, 0, "0").await?;
+    let n = n.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64;
+    let bar = progress::jobs(format!("preloading {queue}"), n);
+    let (t, _) =
+        publish_loop(ctx, queue, Budget::new(Some(n), 3600.0), true, 0, "0", Some(&bar)).await?;
     if t.errors > 0 {
         bail!("preload: {} failed bulk publishes: {:?}", t.errors, t.first_error);
     }
@@ -356,7 +365,7 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
             d.finish()
         }));
     }
-    drain_row(&ctx.system, "drain", "reserve+ack", tasks, total).await
+    drain_row(&ctx.system, "drain", "reserve+ack", tasks, total, acked).await
 }
 
 /// A reserve that first acks `prev` (delayd's `ack=` extension), long-polling up to
@@ -439,7 +448,7 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
             d.finish()
         }));
     }
-    drain_row(&ctx.system, workload, "ack+reserve (1 request)", tasks, total).await
+    drain_row(&ctx.system, workload, "ack+reserve (1 request)", tasks, total, acked).await
 }
 
 /// A reserve of up to `count` jobs: their `(job_id, lease)`s, none when the long poll ran
@@ -510,7 +519,7 @@ pub async fn drain_count10(ctx: &Ctx) -> Result<Row> {
         }));
     }
     let latency_of = "reserve of ≤10 + their acks";
-    drain_row(&ctx.system, workload, latency_of, tasks, total).await
+    drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await
 }
 
 /// One drain consumer's bookkeeping, the same for every system: how long each reserve + ack
@@ -550,7 +559,7 @@ impl Drainer {
             Ok(0) => self.empty += 1,
             Ok(n) => {
                 self.empty = 0;
-                self.tally.samples_ms.push(ms_since(t0));
+                self.tally.samples.record(ms_since(t0));
                 self.tally.jobs += n;
                 self.acked.fetch_add(n, Ordering::Relaxed);
                 self.last_ack = self.start.elapsed().as_secs_f64();
@@ -571,14 +580,17 @@ impl Drainer {
 
 /// The `drain` row of any system from its consumers' `(tally, seconds to their last ack)`:
 /// the run ends at the last ack, not at the last consumer's final empty poll, and any job
-/// left undrained fails it.
+/// left undrained fails it. `acked` (the consumers' shared count) drives a progress bar
+/// while they run.
 pub async fn drain_row(
     system: &str,
     workload: &str,
     latency_of: &'static str,
     tasks: Vec<tokio::task::JoinHandle<(Tally, f64)>>,
     total: u64,
+    acked: Arc<AtomicU64>,
 ) -> Result<Row> {
+    let _bar = progress::watch(format!("{workload}: acked"), total, acked);
     let mut all = Tally::default();
     let mut secs: f64 = 0.0;
     for task in tasks {
@@ -627,7 +639,7 @@ pub async fn lifecycle(ctx: &Ctx) -> Result<Row> {
             while Instant::now() < deadline {
                 match reserve(&http, &qurl).await {
                     Ok(Some((id, lease, due))) => {
-                        t.samples_ms.push(wall_ms() - due);
+                        t.samples.record(wall_ms() - due);
                         match ack(&http, &qurl, &id, &lease).await {
                             Ok(()) => t.jobs += 1,
                             Err(e) => t.error(e),
@@ -701,7 +713,7 @@ pub async fn publish_latency(ctx: &Ctx) -> Result<Row> {
             if let Ok(mut t) = tally.lock() {
                 match r {
                     Ok(_) => {
-                        t.samples_ms.push(ms);
+                        t.samples.record(ms);
                         t.jobs += 1;
                     }
                     Err(e) => t.error(e),
@@ -727,13 +739,17 @@ pub fn take(t: &Mutex<Tally>) -> Tally {
 const LATENESS_BUCKETS_MS: [f64; 11] =
     [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
 
-/// `(label, count)` pairs of a lateness histogram.
-pub fn lateness_histogram(samples: &[f64]) -> Vec<(String, u64)> {
-    let mut counts = vec![0u64; LATENESS_BUCKETS_MS.len() + 1];
-    for &s in samples {
-        let b = LATENESS_BUCKETS_MS.iter().position(|&le| s < le).unwrap_or(counts.len() - 1);
-        counts[b] += 1;
+/// `(label, count)` pairs of a lateness histogram. Bounds are met to the recorder's precision
+/// (3 significant digits: exact up to 2 ms, within 0.1 % above).
+pub fn lateness_histogram(samples: &MillisRecorder) -> Vec<(String, u64)> {
+    let mut counts = vec![samples.below_zero()];
+    for w in LATENESS_BUCKETS_MS.windows(2) {
+        counts.push(samples.count_between(w[0], w[1]));
     }
+    // Early deliveries were recorded as 0, in the first bucket from 0: they count as early.
+    counts[1] = counts[1].saturating_sub(samples.below_zero());
+    counts
+        .push(samples.count_between(LATENESS_BUCKETS_MS[LATENESS_BUCKETS_MS.len() - 1], f64::MAX));
     let mut labels = vec!["early".to_string()];
     for w in LATENESS_BUCKETS_MS.windows(2) {
         labels.push(format!("{}–{}", w[0], w[1]));
@@ -799,7 +815,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
                 };
                 match got {
                     Ok(Some((id, lease, due))) => {
-                        t.samples_ms.push(wall_ms() - due);
+                        t.samples.record(wall_ms() - due);
                         received.fetch_add(1, Ordering::Relaxed);
                         if ack_first {
                             held = Some((id, lease));
@@ -851,12 +867,12 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
     let published = published.load(Ordering::Relaxed);
     let late = late_publishes.load(Ordering::Relaxed);
     let pub_errors = take(&pub_errors);
-    Ok(timer_row(&ctx.system, workload, &ctx.opts, consumed, published, late, pub_errors, "").0)
+    Ok(timer_row(&ctx.system, workload, &ctx.opts, consumed, published, late, pub_errors, ""))
 }
 
 /// The row of a timer run (delayd's or a peer's): lateness percentiles and histogram, early
 /// deliveries, and what was published. `how` describes the peer's way of delaying, in the
-/// note. Also returns the lateness samples, for what a peer adds of its own.
+/// note.
 #[allow(clippy::too_many_arguments)]
 pub fn timer_row(
     system: &str,
@@ -867,9 +883,9 @@ pub fn timer_row(
     late: u64,
     pub_errors: Tally,
     how: &str,
-) -> (Row, Vec<f64>) {
-    let lateness = consumed.samples_ms.clone();
-    let early = lateness.iter().filter(|l| **l < 0.0).count() as u64;
+) -> Row {
+    let hist = lateness_histogram(&consumed.samples);
+    let (early, delivered) = (consumed.samples.below_zero(), consumed.samples.len());
     let mut row =
         Row::from_tally(system, workload, consumed, opts.timer_secs, "lateness (delivery − due)");
     row.jobs_per_s = Some(row.jobs as f64 / opts.timer_secs);
@@ -881,13 +897,13 @@ pub fn timer_row(
         opts.timer_rate,
         opts.timer_secs,
         opts.timer_lead_ms,
-        lateness.len(),
+        delivered,
         if missing > 0 { format!(", {missing} missing") } else { String::new() },
         if late > 0 { format!(", {late} published after their due time") } else { String::new() }
     ));
     row.extra.insert("published".into(), json!(published));
     row.extra.insert("published_late".into(), json!(late));
-    let hist: Vec<Value> = lateness_histogram(&lateness)
+    let hist: Vec<Value> = hist
         .into_iter()
         .map(|(label, count)| json!({"bucket_ms": label, "count": count}))
         .collect();
@@ -895,7 +911,7 @@ pub fn timer_row(
     if missing > 0 || early > 0 {
         row.status = Status::Failed;
     }
-    (row, lateness)
+    row
 }
 
 /// `failover`: light publish load through every node; `kill -9` the leader; time until the
@@ -1012,14 +1028,18 @@ pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
     for &target in &ctx.opts.storage_jobs {
         let more = target.saturating_sub(stored).div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64;
         let budget = Budget::new(Some(more), 24.0 * 3600.0);
+        let bar = progress::jobs(format!("storage: {stored} → {target}"), more);
         // ttl 0 (never): a ttl equal to the delay would expire each job as it comes due.
-        let (tally, secs) = publish_loop(ctx, queue, budget, true, day_ms, "0").await?;
+        let (tally, secs) = publish_loop(ctx, queue, budget, true, day_ms, "0", Some(&bar)).await?;
+        drop(bar);
         stored += tally.jobs;
         if tally.errors > 0 {
             bail!("storage: {} failed bulk publishes: {:?}", tally.errors, tally.first_error);
         }
+        let catching_up = progress::phase(format!("storage: followers applying {stored} jobs"));
         let leader = cluster.wait_leader(Duration::from_secs(30)).await?;
         cluster.wait_applied(leader, Duration::from_secs(300)).await?;
+        drop(catching_up);
         let name = format!("storage {target}");
         let mut row = Row::from_tally(&ctx.system, &name, tally, secs, "bulk request");
         let feet = cluster.footprint();
@@ -1054,4 +1074,37 @@ pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
         rows.push(row);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lateness_histogram_counts_early_apart_and_buckets_the_rest() {
+        let mut m = MillisRecorder::new();
+        for ms in [-2.0, -0.001, 0.0, 0.5, 0.999, 1.0, 4.0, 999.0, 1000.0, 60_000.0] {
+            m.record(ms);
+        }
+        let hist = lateness_histogram(&m);
+        let counts: Vec<(&str, u64)> = hist.iter().map(|(l, c)| (l.as_str(), *c)).collect();
+        assert_eq!(
+            counts,
+            [
+                ("early", 2),
+                ("0–1", 3),
+                ("1–2", 1),
+                ("2–5", 1),
+                ("5–10", 0),
+                ("10–20", 0),
+                ("20–50", 0),
+                ("50–100", 0),
+                ("100–200", 0),
+                ("200–500", 0),
+                ("500–1000", 1),
+                ("≥1000", 2),
+            ]
+        );
+        assert_eq!(counts.iter().map(|c| c.1).sum::<u64>(), m.len());
+    }
 }

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use delayd_core::{Due, QueueName};
+use delayd_percentiles::MillisRecorder;
 use delayd_server::service::reserve::{ReserveOrder, ReserveRequest};
 use delayd_server::service::PublishParams;
 use delayd_server::{Config, Node, Principal};
@@ -21,21 +22,16 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn summary(name: &str, mut v: Vec<f64>, unit: &str) {
-    v.sort_by(f64::total_cmp);
+/// Prints one line of figures: nearest-rank percentiles of an HDR histogram (see
+/// `delayd-percentiles`: µs resolution, 3 significant digits), as the bench reports them.
+fn summary(name: &str, recorded: &MillisRecorder, unit: &str) {
+    let Some(s) = recorded.summary() else {
+        println!("{name:<34} n=0");
+        return;
+    };
     println!(
-        "{name:<34} n={:<6} p50={:>8.3}{unit} p99={:>8.3}{unit} max={:>8.3}{unit}",
-        v.len(),
-        percentile(&v, 0.5),
-        percentile(&v, 0.99),
-        v.last().copied().unwrap_or(f64::NAN),
+        "{name:<34} n={:<6} p50={:>8.3}{unit} p99={:>8.3}{unit} p99.9={:>8.3}{unit} max={:>8.3}{unit}",
+        s.count, s.p50, s.p99, s.p999, s.max,
     );
 }
 
@@ -66,13 +62,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 1. Publish latency, one client at a time: one Raft round (append + fsync + apply) each.
     let q = QueueName::new("bench", "seq");
-    let mut lat = Vec::with_capacity(jobs / 5);
+    let mut lat = MillisRecorder::new();
     for _ in 0..jobs / 5 {
         let t = Instant::now();
         node.service().publish(&Principal::Dev, q.clone(), &params, body.clone()).await?;
-        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        lat.record(t.elapsed().as_secs_f64() * 1000.0);
     }
-    summary("publish latency, 1 client", lat, "ms");
+    summary("publish latency, 1 client", &lat, "ms");
 
     // 2. Publish with concurrent clients: the proposer packs waiting requests into one entry.
     let q = QueueName::new("bench", "par");
@@ -82,22 +78,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (node, q, params, body) = (node.clone(), q.clone(), params.clone(), body.clone());
         let per = jobs / clients;
         tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(per);
+            let mut lat = MillisRecorder::new();
             for _ in 0..per {
                 let t = Instant::now();
                 node.service().publish(&Principal::Dev, q.clone(), &params, body.clone()).await?;
-                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                lat.record(t.elapsed().as_secs_f64() * 1000.0);
             }
             Ok::<_, delayd_server::ServiceError>(lat)
         }));
     }
-    let mut lat = Vec::new();
+    let mut lat = MillisRecorder::new();
     for t in tasks {
-        lat.extend(t.await??);
+        lat.merge(&t.await??);
     }
     let secs = start.elapsed().as_secs_f64();
     println!("publish throughput, {clients} clients      {:.0} jobs/s", lat.len() as f64 / secs);
-    summary(&format!("publish latency, {clients} clients"), lat, "ms");
+    summary(&format!("publish latency, {clients} clients"), &lat, "ms");
 
     // 3. Timer lateness: jobs due over the next 2 s, consumers long-polling; lateness is
     //    delivery time minus due time, and any negative value is an early delivery.
@@ -127,7 +123,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..8 {
         let (node, q) = (node.clone(), q.clone());
         consumers.push(tokio::spawn(async move {
-            let mut lateness = Vec::new();
+            let mut lateness = MillisRecorder::new();
             loop {
                 let request = ReserveRequest {
                     queues: vec![q.clone()],
@@ -143,21 +139,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 let now = wall_ms();
                 for d in got {
-                    lateness.push(now as f64 - d.job.due_ms as f64);
+                    lateness.record(now as f64 - d.job.due_ms as f64);
                     node.service().ack(&Principal::Dev, q.clone(), d.job.id, Some(d.lease)).await?;
                 }
             }
         }));
     }
-    let mut lateness = Vec::new();
+    let mut lateness = MillisRecorder::new();
     for c in consumers {
-        lateness.extend(c.await??);
+        lateness.merge(&c.await??);
     }
-    let early = lateness.iter().filter(|l| **l < 0.0).count();
-    summary("timer lateness (delivery - due)", lateness.clone(), "ms");
+    // An early delivery is a negative lateness: counted apart (and as 0 in the percentiles).
+    let early = lateness.below_zero();
+    summary("timer lateness (delivery - due)", &lateness, "ms");
     println!("delivered {} of {timer_jobs} timer jobs, early deliveries: {early}", lateness.len());
     node.shutdown().await;
-    if early > 0 || lateness.len() != timer_jobs {
+    if early > 0 || lateness.len() != timer_jobs as u64 {
         return Err(format!("{early} early deliveries, {} delivered", lateness.len()).into());
     }
     Ok(())

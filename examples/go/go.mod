@@ -1,0 +1,3 @@
+module delayd.example/examples
+
+go 1.19
