@@ -408,7 +408,41 @@ async fn every_metric_the_alerts_and_the_dashboard_name_is_exported() -> Result<
             .collect();
         bail!("the monitoring kit names what delayd does not export:\n{}", report.join("\n"));
     }
+
+    // And the other way: everything the cluster exports, after that exercise, has its row in
+    // the metrics reference.
+    let docs = std::fs::read_to_string(repo().join("docs/metrics.md"))?;
+    let undocumented = undocumented(&scrape_all(&cluster).await?, &docs);
+    ensure!(undocumented.is_empty(), "exported but not in docs/metrics.md: {undocumented:?}");
     Ok(())
+}
+
+/// The `delayd_*` families in `exported` that `docs` does not name in backticks; a
+/// histogram's `_bucket`, `_sum` and `_count` series count as their family.
+fn undocumented(exported: &BTreeMap<String, BTreeSet<String>>, docs: &str) -> BTreeSet<String> {
+    let named = |name: &str| docs.contains(&format!("`{name}`"));
+    exported
+        .keys()
+        .filter(|name| name.starts_with("delayd_"))
+        .filter(|name| {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix).filter(|f| named(f)))
+                .unwrap_or(name);
+            !named(family)
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_exported_family_must_be_in_the_reference() {
+    let exported: BTreeMap<String, BTreeSet<String>> = exported(
+        "delayd_a_total 1\ndelayd_b_seconds_bucket{le=\"1\"} 1\ndelayd_b_seconds_sum 1\n\
+         delayd_c 2\nother_metric 1\n",
+    );
+    let docs = "| `delayd_a_total` | counter |\n| `delayd_b_seconds` | histogram |";
+    assert_eq!(undocumented(&exported, docs), BTreeSet::from(["delayd_c".to_string()]));
 }
 
 /// The `(version, git_sha)` labels of `delayd_build_info` in an exposition text.
