@@ -54,8 +54,21 @@ async fn ready_and_grpc_health_follow_the_leader_and_the_quorum() -> Result<()> 
         }
     }
 
-    // Two of three gone for good: the survivor has no quorum and says so.
+    // `role=leader`: only the leader says it is ready, for a load balancer that sends every
+    // client there; the others name the reason.
     let leader = cluster.leader(Duration::from_secs(10)).await?;
+    for i in 0..3 {
+        let api = Api::with_timeout(&cluster.nodes[i].url, Duration::from_secs(2))?;
+        let (st, v) = api.get("/ready?role=leader").await?;
+        if i == leader {
+            ensure!(st == 200 && v == json!({"ready": true}), "leader, role=leader: {st} {v}");
+        } else {
+            let why = v["error"].as_str().unwrap_or_default();
+            ensure!(st == 503 && why.contains("does not lead"), "follower, role=leader: {st} {v}");
+        }
+    }
+
+    // Two of three gone for good: the survivor has no quorum and says so.
     let survivor = (leader + 1) % 3;
     for i in (0..3).filter(|i| *i != survivor) {
         cluster.nodes[i].kill9()?;

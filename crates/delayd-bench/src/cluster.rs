@@ -107,6 +107,8 @@ pub struct Cluster {
     /// The credential every request shows: a target's token, or the admin token of a
     /// cluster the bench started with auth on; `None` for one started with `--dev`.
     pub token: Option<String>,
+    /// The only node clients talk to, when they are steered to the leader.
+    steered: Option<String>,
     bin: PathBuf,
     nodes: Vec<Node>,
     // Dropped after `nodes` (field order): the processes die before their directories go.
@@ -174,6 +176,7 @@ impl Cluster {
             grpc,
             disque,
             token: None,
+            steered: None,
             bin: bin.to_path_buf(),
             nodes,
             _dir: Some(dir),
@@ -200,6 +203,7 @@ impl Cluster {
             grpc: Vec::new(),
             disque: Vec::new(),
             token,
+            steered: None,
             bin: PathBuf::new(),
             nodes: Vec::new(),
             _dir: None,
@@ -229,6 +233,26 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Makes the leader the only node the workloads talk to (`--via-leader`), as a load
+    /// balancer that checks `/ready?role=leader` would; the other nodes still run and
+    /// replicate.
+    pub async fn steer_to_leader(&mut self) -> Result<()> {
+        let leader = self.wait_leader(READY_TIMEOUT).await?;
+        let url = self.url_of(leader).context("the leader has no URL")?.to_string();
+        self.steered = Some(url);
+        self.name.push_str(" via the leader");
+        Ok(())
+    }
+
+    /// The base URLs clients spread over: every node, or only the leader after
+    /// [`Cluster::steer_to_leader`].
+    pub fn client_urls(&self) -> Vec<String> {
+        match &self.steered {
+            Some(url) => vec![url.clone()],
+            None => self.urls.clone(),
+        }
     }
 
     /// Waits until every live node reports the same leader, and returns its id.

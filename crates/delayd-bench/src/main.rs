@@ -159,6 +159,11 @@ struct Args {
     /// runs and that no job is delivered early; no timing is judged.
     #[arg(long)]
     smoke: bool,
+    /// Send every client to the leader instead of spreading them over the nodes: how clients
+    /// behind a load balancer that checks `/ready?role=leader` reach a cluster. Followers
+    /// then forward nothing. The rows are labelled "via the leader".
+    #[arg(long)]
+    via_leader: bool,
 }
 
 impl Args {
@@ -279,6 +284,12 @@ async fn run(args: Args) -> Result<ExitCode> {
                 continue;
             }
         };
+        if args.via_leader && cluster.urls.len() > 1 {
+            if let Err(e) = cluster.steer_to_leader().await {
+                emit(&mut rows, Row::failed(&cluster.name, "start", &e));
+                continue;
+            }
+        }
         // Built at the largest level, so its connection pool serves every level.
         let base = Ctx::new(&cluster, &opts, &ns)?;
         for w in &selected {

@@ -107,7 +107,7 @@ impl Ctx {
             .build()?;
         Ok(Ctx {
             http,
-            urls: cluster.urls.clone(),
+            urls: cluster.client_urls(),
             grpc: cluster.grpc.clone(),
             disque: cluster.disque.clone(),
             system: cluster.name.clone(),

@@ -1162,6 +1162,11 @@ async fn ready_until_draining_and_draining_answers_long_polls_at_once() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(t.get("/ready").await.1, json!({"ready": true}));
+    // A single node leads, so it is also ready for a load balancer that wants the leader.
+    assert_eq!(t.get("/ready?role=leader").await, (StatusCode::OK, json!({"ready": true})));
+    let (status, v) = t.get("/ready?role=primary").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("role"), "{v}");
 
     let waiting = {
         let client = Client { router: t.node.router() };
@@ -1188,6 +1193,7 @@ async fn ready_until_draining_and_draining_answers_long_polls_at_once() {
     let (status, v) = t.get("/ready").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert!(v["error"].as_str().unwrap().contains("stopping"), "{v}");
+    assert_eq!(t.get("/ready?role=leader").await.0, StatusCode::SERVICE_UNAVAILABLE);
 
     let started = Instant::now();
     t.reserve_none(&format!("{Q}?timeout=600")).await;

@@ -31,10 +31,16 @@ pub(crate) async fn health(State(s): State<Service>) -> Response {
     .into_response()
 }
 
-/// `GET /ready`: 200 when this node serves clients now, else 503 with the reason; without a
-/// credential (load balancers and orchestrators ask). See `service/health.rs`.
-pub(crate) async fn ready(State(s): State<Service>) -> Response {
-    match s.readiness() {
+/// `GET /ready[?role=leader]`: 200 when this node serves clients now (with `role=leader`:
+/// and leads), else 503 with the reason; without a credential (load balancers and
+/// orchestrators ask). See `service/health.rs`.
+pub(crate) async fn ready(State(s): State<Service>, p: Params) -> ApiResult {
+    let ready = match p.str("role") {
+        None | Some("any") => s.readiness(),
+        Some("leader") => s.leader_readiness(),
+        Some(_) => return Err(bad("role must be `any` or `leader`")),
+    };
+    Ok(match ready {
         Ok(()) => Json(json!({"ready": true})).into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -42,7 +48,7 @@ pub(crate) async fn ready(State(s): State<Service>) -> Response {
             Json(json!({"ready": false, "error": why.to_string()})),
         )
             .into_response(),
-    }
+    })
 }
 
 /// `GET /metrics`: every metric of the node in Prometheus' text format, gzipped when the
