@@ -10,11 +10,10 @@ use delayd_raft::NodeStatus;
 use serde_json::{json, Value};
 
 use super::error::{bad, ApiError, ApiResult};
-use super::extract::{credential, Caller, Params, Path};
+use super::extract::{credential, Admin, Caller, Params, Path};
 use super::render;
 use crate::error::ServiceError;
 use crate::service::admin::MemberChange;
-use crate::service::auth::Scope;
 use crate::service::Service;
 
 /// `GET /health`: this node's own view, without a credential.
@@ -152,11 +151,7 @@ pub(crate) async fn cluster(State(s): State<Service>, Caller(caller): Caller) ->
 
 /// `GET /admin/queues?namespace=&limit=&stale=`: every queue with its counts, sorted by
 /// namespace then queue; `truncated` when `limit` cut the list short.
-pub(crate) async fn queues(
-    State(s): State<Service>,
-    Caller(caller): Caller,
-    p: Params,
-) -> ApiResult {
+pub(crate) async fn queues(State(s): State<Service>, Admin(caller): Admin, p: Params) -> ApiResult {
     let list = s.queues(&caller, p.str("namespace"), p.num("limit")?, p.stale()?).await?;
     let queues: Vec<Value> =
         list.queues.iter().map(|(name, meta)| Value::Object(render::queue(name, meta))).collect();
@@ -176,11 +171,9 @@ fn members(voters: std::collections::BTreeSet<u64>) -> Response {
 /// `POST /admin/nodes?id=&addr=`: adds a learner.
 pub(crate) async fn add_learner(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     p: Params,
 ) -> ApiResult {
-    // The caller first: a token that may not do this gets 403 whatever its arguments.
-    s.authorize(&caller, Scope::Admin)?;
     let id = node_id(p.str("id"))?;
     let addr = p.str("addr").unwrap_or_default().to_string();
     Ok(members(s.change_members(&caller, MemberChange::AddLearner { id, addr }).await?))
@@ -189,11 +182,9 @@ pub(crate) async fn add_learner(
 /// `POST /admin/nodes/{id}/promote`: makes a learner a voter.
 pub(crate) async fn promote(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     Path(id): Path<String>,
 ) -> ApiResult {
-    // The caller first: a token that may not do this gets 403 whatever its arguments.
-    s.authorize(&caller, Scope::Admin)?;
     let id = node_id(Some(&id))?;
     Ok(members(s.change_members(&caller, MemberChange::Promote(id)).await?))
 }
@@ -201,11 +192,9 @@ pub(crate) async fn promote(
 /// `DELETE /admin/nodes/{id}`: removes a member.
 pub(crate) async fn remove(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     Path(id): Path<String>,
 ) -> ApiResult {
-    // The caller first: a token that may not do this gets 403 whatever its arguments.
-    s.authorize(&caller, Scope::Admin)?;
     let id = node_id(Some(&id))?;
     Ok(members(s.change_members(&caller, MemberChange::Remove(id)).await?))
 }
@@ -214,11 +203,9 @@ pub(crate) async fn remove(
 /// caught-up voter) and answers once it leads.
 pub(crate) async fn transfer_leader(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     p: Params,
 ) -> ApiResult {
-    // The caller first: a token that may not do this gets 403 whatever its arguments.
-    s.authorize(&caller, Scope::Admin)?;
     let to = p.str("to").map(|id| node_id(Some(id))).transpose()?;
     let leader = s.transfer_leader(&caller, to).await?;
     Ok(Json(json!({"leader": leader})).into_response())
@@ -251,11 +238,9 @@ pub(crate) async fn clock(State(s): State<Service>, Caller(caller): Caller) -> A
 /// `PUT /debug/clock?offset_ms=N`: shifts this node's wall clock by N ms (negative: behind).
 pub(crate) async fn set_clock(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     p: Params,
 ) -> ApiResult {
-    // The caller first: a token that may not do this gets 403 whatever its arguments.
-    s.authorize(&caller, Scope::Admin)?;
     let offset = match p.str("offset_ms") {
         None => return Err(bad("offset_ms is required")),
         Some(v) => v.parse().map_err(|_| bad("offset_ms must be an integer (ms)"))?,

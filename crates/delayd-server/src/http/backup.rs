@@ -15,12 +15,12 @@ use axum::Json;
 use serde_json::json;
 
 use super::error::ApiResult;
-use super::extract::{Caller, Params};
+use super::extract::{Admin, Params};
 use crate::service::backup::Backup;
 use crate::service::Service;
 
 /// `GET /admin/snapshot[?digest=true]`: see the module docs.
-pub(crate) async fn save(State(s): State<Service>, Caller(caller): Caller, p: Params) -> ApiResult {
+pub(crate) async fn save(State(s): State<Service>, Admin(caller): Admin, p: Params) -> ApiResult {
     let digest = p.flag("digest")?;
     let stream = match s.backup(&caller, digest).await? {
         Backup::Stream(stream) => stream,

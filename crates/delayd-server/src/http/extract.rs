@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::{bad, ApiError};
 use crate::error::ServiceError;
-use crate::service::auth::header_credential;
+use crate::service::auth::{header_credential, Scope};
 use crate::service::reserve::AckFirst;
 use crate::service::validate::{self, job_id, queue_name};
 use crate::service::{Principal, PublishParams, Service};
@@ -41,6 +41,22 @@ impl FromRequestParts<Service> for Caller {
     async fn from_request_parts(parts: &mut Parts, service: &Service) -> Result<Self, ApiError> {
         let credential = credential(parts);
         Ok(Caller(service.authenticate(credential.as_deref()).await?))
+    }
+}
+
+/// An authenticated caller holding the admin scope, for the admin routes. Taken first like
+/// [`Caller`], so a token that may not call the route gets its 403 before the route's
+/// arguments are read: a namespace token never learns which arguments would have been bad.
+/// (The service still authorizes each call itself.)
+pub(crate) struct Admin(pub Principal);
+
+impl FromRequestParts<Service> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, service: &Service) -> Result<Self, ApiError> {
+        let Caller(caller) = Caller::from_request_parts(parts, service).await?;
+        service.authorize(&caller, Scope::Admin)?;
+        Ok(Admin(caller))
     }
 }
 

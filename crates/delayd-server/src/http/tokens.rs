@@ -10,7 +10,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::error::ApiResult;
-use super::extract::{Caller, Params, Path};
+use super::extract::{Admin, Params, Path};
 use super::render;
 use crate::service::tokens::NewToken;
 use crate::service::Service;
@@ -18,7 +18,7 @@ use crate::service::Service;
 /// `POST /token/{ns}?description=&read_limit=&write_limit=`: a new token, answered once.
 pub(crate) async fn create(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     Path(ns): Path<String>,
     p: Params,
 ) -> ApiResult {
@@ -34,7 +34,7 @@ pub(crate) async fn create(
 /// `GET /token/{ns}`: lmstfy's map of token to description, and delayd's details beside it.
 pub(crate) async fn list(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     Path(ns): Path<String>,
 ) -> ApiResult {
     let tokens = s.tokens(&caller, &ns).await?;
@@ -58,7 +58,7 @@ pub(crate) async fn list(
 /// `DELETE /token/{ns}/{token}`.
 pub(crate) async fn remove(
     State(s): State<Service>,
-    Caller(caller): Caller,
+    Admin(caller): Admin,
     Path((ns, token)): Path<(String, String)>,
 ) -> ApiResult {
     s.delete_token(&caller, &ns, &token).await?;
