@@ -44,6 +44,18 @@ const HEALTH_POLL: Duration = Duration::from_millis(250);
 impl Service {
     /// Whether this node serves clients now; the reason when it does not.
     pub fn readiness(&self) -> Result<(), NotReady> {
+        self.readiness_as(false)
+    }
+
+    /// [`Service::readiness`], and this node leads: what a load balancer that sends every
+    /// client to the leader checks (`GET /ready?role=leader`). A follower serves every request
+    /// too, but forwards each write to the leader, which on three nodes costs about as much
+    /// CPU again as the write itself; clients sent to the leader skip that hop.
+    pub fn leader_readiness(&self) -> Result<(), NotReady> {
+        self.readiness_as(true)
+    }
+
+    fn readiness_as(&self, leader_only: bool) -> Result<(), NotReady> {
         let not = |why: String| Err(NotReady(why));
         if self.is_draining() {
             return not("the node is stopping".into());
@@ -73,6 +85,9 @@ impl Service {
             ServerState::Shutdown => return not("the node is shut down".into()),
             _ => {
                 let Some(leader) = leader else { return not("no leader is known".into()) };
+                if leader_only {
+                    return not(format!("this node does not lead (node {leader} does)"));
+                }
                 // openraft names a silent leader until another is elected, which without a
                 // quorum never happens: what counts is having heard from it within its lease.
                 let heard = self.cluster().since_leader_contact();
@@ -93,26 +108,6 @@ impl Service {
             return not("a snapshot is being installed".into());
         }
         Ok(())
-    }
-
-    /// [`Service::readiness`], and this node leads: what a load balancer that sends every
-    /// client to the leader checks (`GET /ready?role=leader`). A follower serves every request
-    /// too, but forwards each write to the leader, which on three nodes costs about as much
-    /// CPU again as the write itself; clients sent to the leader skip that hop.
-    pub fn leader_readiness(&self) -> Result<(), NotReady> {
-        self.readiness()?;
-        let (state, leader) = {
-            let watch = self.cluster().raft().metrics();
-            let m = watch.borrow_watched();
-            (m.state, m.current_leader)
-        };
-        if state == ServerState::Leader {
-            return Ok(());
-        }
-        Err(NotReady(match leader {
-            Some(leader) => format!("this node does not lead (node {leader} does)"),
-            None => "this node does not lead".into(),
-        }))
     }
 
     /// Starts draining: long-polls are answered at once and `/ready` says the node is
