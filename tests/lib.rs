@@ -40,6 +40,27 @@ fn workspace_bin(name: &str, env: &str) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Whether a tool an optional test needs is here: `check` runs and succeeds. `false` means
+/// skip, after saying on stderr what is missing and `hint` (how to install it); when the
+/// environment variable `require` is set (CI sets it), a missing tool is an error instead.
+pub async fn have_tool(
+    what: &str,
+    require: &str,
+    hint: &str,
+    check: &mut tokio::process::Command,
+) -> Result<bool> {
+    let ok =
+        check.stdout(Stdio::null()).stderr(Stdio::null()).status().await.is_ok_and(|s| s.success());
+    if ok {
+        return Ok(true);
+    }
+    if std::env::var_os(require).is_some() {
+        bail!("{what} is missing ({require} is set)");
+    }
+    eprintln!("skipped: {what} is missing{hint}");
+    Ok(false)
+}
+
 /// A free loopback port for a child process to bind.
 ///
 /// Ports come from below Linux's ephemeral range (32768+), so the OS never hands one of them

@@ -18,7 +18,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use delayd_tests::{now_ms, Server};
+use delayd_tests::{have_tool, now_ms, Server};
 use serde_json::Value;
 
 const ADMIN_TOKEN: &str = "examples-test-admin-token-0001";
@@ -46,19 +46,9 @@ fn path_arg(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// Whether `check` runs and succeeds: `false` means skip (after saying why), and an error
-/// when the examples are required.
+/// Whether a tool the examples need is here (see [`have_tool`]).
 async fn have(what: &str, check: &mut tokio::process::Command) -> Result<bool> {
-    let ok =
-        check.stdout(Stdio::null()).stderr(Stdio::null()).status().await.is_ok_and(|s| s.success());
-    if ok {
-        return Ok(true);
-    }
-    if std::env::var_os("DELAYD_REQUIRE_EXAMPLES").is_some() {
-        bail!("{what} is missing (DELAYD_REQUIRE_EXAMPLES is set)");
-    }
-    eprintln!("skipped: {what} is missing");
-    Ok(false)
+    have_tool(what, "DELAYD_REQUIRE_EXAMPLES", "", check).await
 }
 
 async fn python() -> Result<Option<Programs>> {

@@ -9,30 +9,18 @@
 //! `DELAYD_REQUIRE_PROTOCOL_CLIENTS` is set (CI sets it and installs them).
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
-use delayd_tests::{free_port, Cluster, Server};
+use anyhow::{ensure, Context, Result};
+use delayd_tests::{free_port, have_tool, Cluster, Server};
 
 /// How long one script may run.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// Whether the tools the scripts need are here: `false` means skip (after saying why), and
-/// an error when they are required.
+/// Whether the tools the scripts need are here (see [`have_tool`]).
 async fn have(what: &str, check: &mut tokio::process::Command) -> Result<bool> {
-    let ok =
-        check.stdout(Stdio::null()).stderr(Stdio::null()).status().await.is_ok_and(|s| s.success());
-    if ok {
-        return Ok(true);
-    }
-    if std::env::var_os("DELAYD_REQUIRE_PROTOCOL_CLIENTS").is_some() {
-        bail!("{what} is missing (DELAYD_REQUIRE_PROTOCOL_CLIENTS is set)");
-    }
-    eprintln!(
-        "skipped: {what} is missing (pip install greenstalk redis; apt-get install beanstalkd)"
-    );
-    Ok(false)
+    let hint = " (pip install greenstalk redis; apt-get install beanstalkd)";
+    have_tool(what, "DELAYD_REQUIRE_PROTOCOL_CLIENTS", hint, check).await
 }
 
 async fn python_clients() -> Result<bool> {
