@@ -18,6 +18,7 @@
 
 mod beanstalk;
 mod cluster;
+mod conn;
 mod disque;
 mod lmstfy;
 mod progress;

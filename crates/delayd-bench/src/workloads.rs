@@ -14,11 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
 use delayd_percentiles::MillisRecorder;
+use reqwest::header::HeaderValue;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
+use crate::conn::Conn;
 use crate::progress;
 use crate::stats::{
     join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Status, Tally,
@@ -70,8 +73,11 @@ pub struct Opts {
 /// What the workloads of one system share.
 #[derive(Clone)]
 pub struct Ctx {
-    /// HTTP client (one connection pool for all workers).
+    /// HTTP client (one connection pool) for setup, checks and open-loop requests;
+    /// closed-loop workers each have a [`Conn`] of their own.
     pub http: reqwest::Client,
+    /// The `Authorization` value every request shows, if any.
+    auth: Option<HeaderValue>,
     /// Nodes' base URLs; client i talks to node i mod n.
     pub urls: Vec<String>,
     /// Nodes' gRPC addresses (empty for a target given by HTTP URLs only).
@@ -94,11 +100,15 @@ impl Ctx {
     /// A context for `cluster`.
     pub fn new(cluster: &Cluster, opts: &Opts, ns: &str) -> Result<Ctx> {
         let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(t) = &cluster.token {
-            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))?;
-            v.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, v);
-        }
+        let auth = match &cluster.token {
+            Some(t) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {t}"))?;
+                v.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, v.clone());
+                Some(v)
+            }
+            None => None,
+        };
         let http = reqwest::Client::builder()
             .default_headers(headers)
             .pool_max_idle_per_host(opts.clients.max(1) * 2)
@@ -107,6 +117,7 @@ impl Ctx {
             .build()?;
         Ok(Ctx {
             http,
+            auth,
             urls: cluster.client_urls(),
             grpc: cluster.grpc.clone(),
             disque: cluster.disque.clone(),
@@ -133,13 +144,28 @@ impl Ctx {
 
     /// The queue URL of `queue` on the node client `i` talks to.
     fn queue_url(&self, i: usize, queue: &str) -> String {
-        format!("{}/api/{}/{}", self.urls[i % self.urls.len()], self.ns, queue)
+        format!("{}{}", self.urls[i % self.urls.len()], self.queue_path(queue))
+    }
+
+    /// The path of `queue`'s URL.
+    fn queue_path(&self, queue: &str) -> String {
+        format!("/api/{}/{}", self.ns, queue)
+    }
+
+    /// A connection of its own for closed-loop client `i`, to the node it talks to.
+    fn conn(&self, i: usize) -> Result<Conn> {
+        Conn::new(&self.urls[i % self.urls.len()], self.auth.clone())
     }
 }
 
 /// A 100-byte body.
 pub fn body() -> Vec<u8> {
     vec![b'x'; BODY_BYTES]
+}
+
+/// [`body`], to send over a [`Conn`] (cloning it shares the bytes).
+fn body_bytes() -> Bytes {
+    Bytes::from(body())
 }
 
 /// A bulk body: a JSON array of `BULK_JOBS` strings whose JSON text is 100 bytes each.
@@ -161,14 +187,15 @@ async fn expect(req: reqwest::RequestBuilder, want: StatusCode) -> Result<()> {
     Ok(())
 }
 
-/// One reserve: `Some((job_id, lease, due_at_ms))`, or `None` when the long poll ran out.
-async fn reserve(http: &reqwest::Client, qurl: &str) -> Result<Option<(String, String, f64)>> {
-    let resp = http.get(format!("{qurl}?ttr=30&timeout={POLL_S}")).send().await?;
-    let status = resp.status();
+/// One reserve on the queue at path `qpath`: `Some((job_id, lease, due_at_ms))`, or `None`
+/// when the long poll ran out.
+async fn reserve(conn: &mut Conn, qpath: &str) -> Result<Option<(String, String, f64)>> {
+    let answer = conn.get(&format!("{qpath}?ttr=30&timeout={POLL_S}")).await?;
+    let status = answer.status;
     if status == StatusCode::NOT_FOUND {
         return Ok(None);
     }
-    let v: Value = resp.json().await?;
+    let v = answer.json()?;
     if status != StatusCode::OK {
         bail!("reserve: HTTP {status}: {v}");
     }
@@ -184,9 +211,8 @@ fn delivery(v: &Value) -> Result<(String, String, f64)> {
 }
 
 /// Acks a reserved job with its lease.
-async fn ack(http: &reqwest::Client, qurl: &str, id: &str, lease: &str) -> Result<()> {
-    let req = http.delete(format!("{qurl}/job/{id}?lease={lease}"));
-    expect(req, StatusCode::NO_CONTENT).await
+async fn ack(conn: &mut Conn, qpath: &str, id: &str, lease: &str) -> Result<()> {
+    conn.delete(&format!("{qpath}/job/{id}?lease={lease}")).await?.expect(StatusCode::NO_CONTENT)
 }
 
 /// `publish-http` and `publish-bulk`: closed-loop publishes until the budget is spent.
@@ -212,19 +238,20 @@ async fn publish_loop(
     progress: Option<&progress::Bar>,
 ) -> Result<(Tally, f64)> {
     let per_op = if bulk { BULK_JOBS as u64 } else { 1 };
-    let payload = if bulk { bulk_body() } else { body() };
+    let payload = Bytes::from(if bulk { bulk_body() } else { body() });
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..ctx.opts.clients {
         let path = if bulk { "/bulk" } else { "" };
-        let url = format!("{}{path}?delay_ms={delay_ms}&ttl={ttl_s}", ctx.queue_url(i, queue));
-        let (http, budget, payload) = (ctx.http.clone(), budget.clone(), payload.clone());
+        let pq = format!("{}{path}?delay_ms={delay_ms}&ttl={ttl_s}", ctx.queue_path(queue));
+        let (mut conn, budget, payload) = (ctx.conn(i)?, budget.clone(), payload.clone());
         let bar = progress.map(progress::Bar::handle);
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::default();
             while budget.take(per_op) {
                 let t0 = Instant::now();
-                match expect(http.put(&url).body(payload.clone()), StatusCode::CREATED).await {
+                let sent = conn.put(&pq, payload.clone()).await;
+                match sent.and_then(|a| a.expect(StatusCode::CREATED)) {
                     Ok(_) => {
                         t.samples.record(ms_since(t0));
                         t.jobs += per_op;
@@ -347,16 +374,16 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..ctx.opts.clients {
-        let (http, qurl, acked) = (ctx.http.clone(), ctx.queue_url(i, &queue), acked.clone());
+        let (mut conn, qpath, acked) = (ctx.conn(i)?, ctx.queue_path(&queue), acked.clone());
         tasks.push(tokio::spawn(async move {
             let mut d = Drainer::new(acked, total, start);
             while d.more() {
                 let t0 = Instant::now();
                 let done = async {
-                    let Some((id, lease, _)) = reserve(&http, &qurl).await? else {
+                    let Some((id, lease, _)) = reserve(&mut conn, &qpath).await? else {
                         return Ok(false);
                     };
-                    ack(&http, &qurl, &id, &lease).await?;
+                    ack(&mut conn, &qpath, &id, &lease).await?;
                     Ok::<_, anyhow::Error>(true)
                 };
                 // An HTTP error ends one request, not the connection pool: go on.
@@ -371,15 +398,15 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
 /// A reserve that first acks `prev` (delayd's `ack=` extension), long-polling up to
 /// `timeout_s`: whether that ack took, and the next job as [`reserve`] gives it.
 async fn reserve_acking(
-    http: &reqwest::Client,
-    qurl: &str,
+    conn: &mut Conn,
+    qpath: &str,
     prev: &(String, String),
     timeout_s: u64,
 ) -> Result<(bool, Option<(String, String, f64)>)> {
-    let url = format!("{qurl}?ttr=30&timeout={timeout_s}&ack={}&ack_lease={}", prev.0, prev.1);
-    let resp = http.get(url).send().await?;
-    let status = resp.status();
-    let v: Value = resp.json().await?;
+    let pq = format!("{qpath}?ttr=30&timeout={timeout_s}&ack={}&ack_lease={}", prev.0, prev.1);
+    let answer = conn.get(&pq).await?;
+    let status = answer.status;
+    let v = answer.json()?;
     if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
         bail!("reserve with ack: HTTP {status}: {v}");
     }
@@ -402,7 +429,7 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..ctx.opts.clients {
-        let (http, qurl) = (ctx.http.clone(), ctx.queue_url(i, &queue));
+        let (mut conn, qpath) = (ctx.conn(i)?, ctx.queue_path(&queue));
         let (acked, taken) = (acked.clone(), taken.clone());
         tasks.push(tokio::spawn(async move {
             let mut d = Drainer::new(acked, total, start);
@@ -411,7 +438,7 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
                 let t0 = Instant::now();
                 let Some(prev) = held.take() else {
                     // Nothing to ack yet: a plain reserve, not a sample (no job is done by it).
-                    match reserve(&http, &qurl).await {
+                    match reserve(&mut conn, &qpath).await {
                         Ok(Some((id, lease, _))) => {
                             taken.fetch_add(1, Ordering::Relaxed);
                             held = Some((id, lease));
@@ -423,7 +450,7 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
                     continue;
                 };
                 if taken.load(Ordering::Relaxed) >= total {
-                    d.record(t0, ack(&http, &qurl, &prev.0, &prev.1).await.map(|()| true));
+                    d.record(t0, ack(&mut conn, &qpath, &prev.0, &prev.1).await.map(|()| true));
                     continue;
                 }
                 // On an error the held job is lost to this run: it comes back only after its
@@ -432,7 +459,7 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
                 // news that the ack took, would come back only when the poll ran out, and the
                 // drain's end (its last ack) would be counted up to a second late. A drain's
                 // queue is full until its end.
-                let r = reserve_acking(&http, &qurl, &prev, 0).await.and_then(|(ok, next)| {
+                let r = reserve_acking(&mut conn, &qpath, &prev, 0).await.and_then(|(ok, next)| {
                     if next.is_some() {
                         taken.fetch_add(1, Ordering::Relaxed);
                     }
@@ -453,17 +480,13 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
 
 /// A reserve of up to `count` jobs: their `(job_id, lease)`s, none when the long poll ran
 /// out.
-async fn reserve_many(
-    http: &reqwest::Client,
-    qurl: &str,
-    count: usize,
-) -> Result<Vec<(String, String)>> {
-    let resp = http.get(format!("{qurl}?ttr=30&timeout={POLL_S}&count={count}")).send().await?;
-    let status = resp.status();
+async fn reserve_many(conn: &mut Conn, qpath: &str, count: usize) -> Result<Vec<(String, String)>> {
+    let answer = conn.get(&format!("{qpath}?ttr=30&timeout={POLL_S}&count={count}")).await?;
+    let status = answer.status;
     if status == StatusCode::NOT_FOUND {
         return Ok(Vec::new());
     }
-    let v: Value = resp.json().await?;
+    let v = answer.json()?;
     if status != StatusCode::OK {
         bail!("reserve count={count}: HTTP {status}: {v}");
     }
@@ -487,12 +510,12 @@ pub async fn drain_count10(ctx: &Ctx) -> Result<Row> {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..ctx.opts.clients {
-        let (http, qurl, acked) = (ctx.http.clone(), ctx.queue_url(i, &queue), acked.clone());
+        let (mut conn, qpath, acked) = (ctx.conn(i)?, ctx.queue_path(&queue), acked.clone());
         tasks.push(tokio::spawn(async move {
             let mut d = Drainer::new(acked, total, start);
             while d.more() {
                 let t0 = Instant::now();
-                let jobs = match reserve_many(&http, &qurl, RESERVE_COUNT).await {
+                let jobs = match reserve_many(&mut conn, &qpath, RESERVE_COUNT).await {
                     Ok(jobs) => jobs,
                     Err(e) => {
                         d.record(t0, Err(e));
@@ -503,7 +526,7 @@ pub async fn drain_count10(ctx: &Ctx) -> Result<Row> {
                 let mut n = 0;
                 let mut failed = None;
                 for (id, lease) in &jobs {
-                    match ack(&http, &qurl, id, lease).await {
+                    match ack(&mut conn, &qpath, id, lease).await {
                         Ok(()) => n += 1,
                         Err(e) => failed = Some(e),
                     }
@@ -618,12 +641,13 @@ pub async fn lifecycle(ctx: &Ctx) -> Result<Row> {
     let start = Instant::now();
     let mut producers = Vec::new();
     for i in 0..half {
-        let url = format!("{}?delay_ms=0", ctx.queue_url(i, queue));
-        let (http, budget) = (ctx.http.clone(), budget.clone());
+        let pq = format!("{}?delay_ms=0", ctx.queue_path(queue));
+        let (mut conn, budget, payload) = (ctx.conn(i)?, budget.clone(), body_bytes());
         producers.push(tokio::spawn(async move {
             let mut t = Tally::default();
             while budget.take(1) {
-                match expect(http.put(&url).body(body()), StatusCode::CREATED).await {
+                let sent = conn.put(&pq, payload.clone()).await;
+                match sent.and_then(|a| a.expect(StatusCode::CREATED)) {
                     Ok(_) => t.jobs += 1,
                     Err(e) => t.error(e),
                 }
@@ -633,14 +657,14 @@ pub async fn lifecycle(ctx: &Ctx) -> Result<Row> {
     }
     let mut consumers = Vec::new();
     for i in 0..half {
-        let (http, qurl) = (ctx.http.clone(), ctx.queue_url(i + half, queue));
+        let (mut conn, qpath) = (ctx.conn(i + half)?, ctx.queue_path(queue));
         consumers.push(tokio::spawn(async move {
             let mut t = Tally::default();
             while Instant::now() < deadline {
-                match reserve(&http, &qurl).await {
+                match reserve(&mut conn, &qpath).await {
                     Ok(Some((id, lease, due))) => {
                         t.samples.record(wall_ms() - due);
-                        match ack(&http, &qurl, &id, &lease).await {
+                        match ack(&mut conn, &qpath, &id, &lease).await {
                             Ok(()) => t.jobs += 1,
                             Err(e) => t.error(e),
                         }
@@ -778,7 +802,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
         + Duration::from_secs(15);
     let mut consumers = Vec::new();
     for i in 0..ctx.opts.clients {
-        let (http, qurl) = (ctx.http.clone(), ctx.queue_url(i, queue));
+        let (mut conn, qpath) = (ctx.conn(i)?, ctx.queue_path(queue));
         let (received, published, publishing) =
             (received.clone(), published.clone(), publishing.clone());
         consumers.push(tokio::spawn(async move {
@@ -790,7 +814,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
                     && received.load(Ordering::Relaxed) >= published.load(Ordering::Relaxed);
                 if done || Instant::now() > deadline {
                     if let Some((id, lease)) = held.take() {
-                        match ack(&http, &qurl, &id, &lease).await {
+                        match ack(&mut conn, &qpath, &id, &lease).await {
                             Ok(()) => t.jobs += 1,
                             Err(e) => t.error(e),
                         }
@@ -799,7 +823,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
                 }
                 let got = match &held {
                     Some(prev) if ack_first => {
-                        match reserve_acking(&http, &qurl, prev, POLL_S).await {
+                        match reserve_acking(&mut conn, &qpath, prev, POLL_S).await {
                             Ok((true, got)) => {
                                 t.jobs += 1;
                                 held = None;
@@ -811,7 +835,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
                             Err(e) => Err(e),
                         }
                     }
-                    _ => reserve(&http, &qurl).await,
+                    _ => reserve(&mut conn, &qpath).await,
                 };
                 match got {
                     Ok(Some((id, lease, due))) => {
@@ -820,7 +844,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
                         if ack_first {
                             held = Some((id, lease));
                         } else {
-                            match ack(&http, &qurl, &id, &lease).await {
+                            match ack(&mut conn, &qpath, &id, &lease).await {
                                 Ok(()) => t.jobs += 1,
                                 Err(e) => t.error(e),
                             }

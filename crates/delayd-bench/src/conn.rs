@@ -1,0 +1,138 @@
+//! The closed-loop workers' HTTP/1.1 client: one keep-alive connection per worker, requests
+//! written straight onto it.
+//!
+//! The load generator shares the machine with the servers it measures, so every microsecond
+//! it spends per request is taken from them. A pooled general-purpose client (reqwest) costs
+//! several times what the server's own HTTP layer does per request: it parses the URL, clones
+//! default headers, checks a connection out of a shared pool and arms a timer for each one.
+//! A worker here owns its connection, as wrk's do, and sends prepared paths; what is left is
+//! the request's encoding and the socket calls. Open-loop publishers and the setup and
+//! health checks keep reqwest: they are not what a row measures.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{handshake, SendRequest};
+use hyper::header::{HeaderValue, AUTHORIZATION, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+/// The longest a request may take, as the pooled client's timeout.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A status and the whole body of an answer.
+pub struct Answer {
+    /// The status.
+    pub status: StatusCode,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// The body as JSON.
+    pub fn json(&self) -> Result<Value> {
+        serde_json::from_slice(&self.body).with_context(|| {
+            format!("HTTP {}: not JSON: {}", self.status, String::from_utf8_lossy(&self.body))
+        })
+    }
+
+    /// Fails unless the status is `want`, naming the status and the start of the body.
+    pub fn expect(self, want: StatusCode) -> Result<()> {
+        if self.status != want {
+            let body = &self.body[..self.body.len().min(200)];
+            bail!("HTTP {}: {}", self.status, String::from_utf8_lossy(body));
+        }
+        Ok(())
+    }
+}
+
+/// One worker's connection to one node; (re)connected on first use and after any error.
+pub struct Conn {
+    /// `host:port` of the node.
+    addr: String,
+    host: HeaderValue,
+    auth: Option<HeaderValue>,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Conn {
+    /// A connection to the node at `base` (`http://host:port`), showing `auth` (an
+    /// `Authorization` value) with every request. Nothing is dialled until the first one.
+    pub fn new(base: &str, auth: Option<HeaderValue>) -> Result<Conn> {
+        let addr = base
+            .strip_prefix("http://")
+            .ok_or_else(|| anyhow!("the bench speaks plain HTTP only, not {base}"))?
+            .trim_end_matches('/')
+            .to_string();
+        let host = HeaderValue::from_str(&addr)?;
+        Ok(Conn { addr, host, auth, sender: None })
+    }
+
+    /// Sends `method path_and_query` with `body` and reads the whole answer.
+    pub async fn send(
+        &mut self,
+        method: Method,
+        path_and_query: &str,
+        body: Bytes,
+    ) -> Result<Answer> {
+        let result =
+            tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path_and_query, body))
+                .await
+                .unwrap_or_else(|_| Err(anyhow!("no answer within {REQUEST_TIMEOUT:?}")));
+        if result.is_err() {
+            // The connection's state is unknown after a failure: start afresh next time.
+            self.sender = None;
+        }
+        result
+    }
+
+    /// `GET path_and_query`.
+    pub async fn get(&mut self, path_and_query: &str) -> Result<Answer> {
+        self.send(Method::GET, path_and_query, Bytes::new()).await
+    }
+
+    /// `PUT path_and_query` with `body`.
+    pub async fn put(&mut self, path_and_query: &str, body: Bytes) -> Result<Answer> {
+        self.send(Method::PUT, path_and_query, body).await
+    }
+
+    /// `DELETE path_and_query`.
+    pub async fn delete(&mut self, path_and_query: &str) -> Result<Answer> {
+        self.send(Method::DELETE, path_and_query, Bytes::new()).await
+    }
+
+    async fn exchange(&mut self, method: Method, pq: &str, body: Bytes) -> Result<Answer> {
+        let mut request = Request::builder().method(method).uri(pq).header(HOST, &self.host);
+        if let Some(auth) = &self.auth {
+            request = request.header(AUTHORIZATION, auth);
+        }
+        let request = request.body(Full::new(body))?;
+        let sender = self.ready().await?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok(Answer { status, body })
+    }
+
+    /// The connection, dialled if there is none or the server closed it, once it can take a
+    /// request.
+    async fn ready(&mut self) -> Result<&mut SendRequest<Full<Bytes>>> {
+        if self.sender.as_ref().is_none_or(SendRequest::is_closed) {
+            let stream = TcpStream::connect(&self.addr)
+                .await
+                .with_context(|| format!("connecting to {}", self.addr))?;
+            stream.set_nodelay(true)?;
+            let (sender, connection) = handshake(TokioIo::new(stream)).await?;
+            // Ends when the connection closes or the sender is dropped.
+            tokio::spawn(connection);
+            self.sender = Some(sender);
+        }
+        let sender = self.sender.as_mut().context("no connection")?;
+        sender.ready().await?;
+        Ok(sender)
+    }
+}
