@@ -255,7 +255,7 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
 
 /// What each workload does, for the report's readers.
 const WORKLOADS_MD: &str = "## Workloads\n\n\
-- **publish-http**: C closed-loop clients, one `PUT /api/{ns}/{q}?delay_ms=…` of 100 bytes each, spread over all nodes.\n\
+- **publish-http**: C closed-loop clients, one `PUT /api/{ns}/{q}?delay_ms=…` of 100 bytes each, spread over all nodes (with `--via-leader`, all on the leader). Every closed-loop client of every workload sends over a keep-alive connection of its own, as wrk's do.\n\
 - **publish-bulk**: the same with `PUT …/bulk`, 64 jobs of 100 bytes per request (jobs/s counts jobs).\n\
 - **publish-grpc-stream**: gRPC `PublishStream` through `delayd-client`.\n\
 - **drain**: N ready jobs preloaded, then C consumers `GET ?ttr=30&timeout=1` + `DELETE …/job/{id}?lease=…`; jobs/s until the last ack. The preload is left out of the CPU figures.\n\
