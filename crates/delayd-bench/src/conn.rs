@@ -25,6 +25,7 @@ use tokio::net::TcpStream;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A status and the whole body of an answer.
+#[derive(Debug)]
 pub struct Answer {
     /// The status.
     pub status: StatusCode,
@@ -134,5 +135,120 @@ impl Conn {
         let sender = self.sender.as_mut().context("no connection")?;
         sender.ready().await?;
         Ok(sender)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Reads one request head (the tests send no bodies).
+    async fn read_head(socket: &mut TcpStream) -> Option<String> {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if socket.read(&mut byte).await.ok()? == 0 {
+                return None;
+            }
+            head.push(byte[0]);
+        }
+        Some(String::from_utf8(head).unwrap())
+    }
+
+    async fn answer(socket: &mut TcpStream, status: &str, body: &str, close: bool) {
+        let connection = if close { "connection: close\r\n" } else { "" };
+        let text = format!(
+            "HTTP/1.1 {status}\r\ncontent-length: {}\r\n{connection}\r\n{body}",
+            body.len()
+        );
+        socket.write_all(text.as_bytes()).await.unwrap();
+    }
+
+    /// The test server's result, failing the test if it has not finished within 10 s.
+    async fn within<T>(server: tokio::task::JoinHandle<T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the test server did not finish within 10 s")
+            .unwrap()
+    }
+
+    #[test]
+    fn only_plain_http_bases_are_taken() {
+        assert!(Conn::new("https://127.0.0.1:1", None).is_err());
+        assert!(Conn::new("127.0.0.1:1", None).is_err());
+        assert!(Conn::new("http://127.0.0.1:1/", None).is_ok());
+    }
+
+    #[tokio::test]
+    async fn requests_share_a_connection_until_the_server_closes_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let mut heads = Vec::new();
+            // First connection: two requests, the second answer closes it.
+            let (mut socket, _) = listener.accept().await.unwrap();
+            heads.push(read_head(&mut socket).await.unwrap());
+            answer(&mut socket, "201 Created", "{\"n\":1}", false).await;
+            heads.push(read_head(&mut socket).await.unwrap());
+            answer(&mut socket, "404 Not Found", "none", true).await;
+            drop(socket);
+            // Second connection: the client dialled again.
+            let (mut socket, _) = listener.accept().await.unwrap();
+            heads.push(read_head(&mut socket).await.unwrap());
+            answer(&mut socket, "204 No Content", "", false).await;
+            heads
+        });
+
+        let auth = HeaderValue::from_static("Bearer t");
+        let mut conn = Conn::new(&base, Some(auth)).unwrap();
+        let first = conn.put("/api/ns/q?delay_ms=5", Bytes::new()).await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert_eq!(first.json().unwrap()["n"], 1);
+        let second = conn.get("/api/ns/q?timeout=0").await.unwrap();
+        assert_eq!(second.status, StatusCode::NOT_FOUND);
+        let err = second.expect(StatusCode::OK).unwrap_err().to_string();
+        assert!(err.contains("404") && err.contains("none"), "{err}");
+        conn.delete("/api/ns/q/job/j?lease=1")
+            .await
+            .unwrap()
+            .expect(StatusCode::NO_CONTENT)
+            .unwrap();
+
+        let heads = within(server).await;
+        assert!(heads[0].starts_with("PUT /api/ns/q?delay_ms=5 HTTP/1.1\r\n"), "{}", heads[0]);
+        assert!(heads[1].starts_with("GET /api/ns/q?timeout=0 HTTP/1.1\r\n"), "{}", heads[1]);
+        assert!(
+            heads[2].starts_with("DELETE /api/ns/q/job/j?lease=1 HTTP/1.1\r\n"),
+            "{}",
+            heads[2]
+        );
+        for head in &heads {
+            let head = head.to_ascii_lowercase();
+            assert!(head.contains("authorization: bearer t\r\n"), "{head}");
+            assert!(head.contains("host: 127.0.0.1:"), "{head}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_an_error_and_the_next_request_dials_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let mut conn = Conn::new(&format!("http://{addr}"), None).unwrap();
+        let err = conn.get("/health").await.unwrap_err();
+        assert!(format!("{err:#}").contains("connecting to"), "{err:#}");
+        // The port is listened on again: the same Conn reaches it.
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            read_head(&mut socket).await.unwrap();
+            answer(&mut socket, "200 OK", "{}", false).await;
+        });
+        assert_eq!(conn.get("/health").await.unwrap().status, StatusCode::OK);
+        within(server).await;
     }
 }
