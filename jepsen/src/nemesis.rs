@@ -1,5 +1,5 @@
 //! The nemesis: injects the planned faults one after another, heals each, and records the
-//! windows as they really happened. [`recover`] undoes everything at the end of a run.
+//! windows as they really happened. [`Nemesis::recover`] undoes everything at the end of a run.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //!
 //! Drawn on stderr, and only when stderr is a terminal; otherwise nothing is drawn and the
 //! output is what it would be without them. The lines the harness prints while a bar is up
-//! (the nemesis's faults) go through [`println`], which lifts the bar off the screen for the
+//! (the nemesis's faults) go through [`println()`], which lifts the bar off the screen for the
 //! line instead of writing across it.
 
 use std::io::IsTerminal;

@@ -60,8 +60,8 @@ const PUMP_BATCH: u64 = 100;
 /// Jobs per pipeline while preloading (not measured).
 const PRELOAD_PIPELINE: u64 = 64;
 
-/// The pump's script: moves up to ARGV[2] members of the timer (KEYS[1]) due at or before
-/// ARGV[1] (unix s) and returns how many it looked at.
+/// The pump's script: moves up to `ARGV[2]` members of the timer (`KEYS[1]`) due at or
+/// before `ARGV[1]` (unix s) and returns how many it looked at.
 const PUMP_LUA: &str = r"
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 for _, member in ipairs(due) do

@@ -5,7 +5,7 @@
 //! Bars are drawn on stderr, and only when stderr is a terminal: in CI, or with stderr sent
 //! to a file, nothing is drawn and the output is what it would be without them. Every bar
 //! belongs to one [`MultiProgress`]; the result lines printed while a bar is up go through
-//! [`println`], which lifts the bars off the screen for the line instead of writing across
+//! [`println()`], which lifts the bars off the screen for the line instead of writing across
 //! them.
 
 use std::io::IsTerminal;
