@@ -21,7 +21,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
-use crate::conn::Conn;
+use crate::conn::{Answer, Conn};
 use crate::progress;
 use crate::stats::{
     join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Status, Tally,
@@ -178,13 +178,9 @@ fn bulk_body() -> Vec<u8> {
 async fn expect(req: reqwest::RequestBuilder, want: StatusCode) -> Result<()> {
     let resp = req.send().await?;
     let status = resp.status();
-    if status != want {
-        let body = resp.bytes().await.unwrap_or_default();
-        bail!("HTTP {status}: {}", String::from_utf8_lossy(&body[..body.len().min(200)]));
-    }
-    // Read the body so the connection goes back to the pool.
-    resp.bytes().await?;
-    Ok(())
+    // The whole body is read either way, so the connection goes back to the pool.
+    let body = resp.bytes().await?;
+    Answer { status, body }.expect(want)
 }
 
 /// One reserve on the queue at path `qpath`: `Some((job_id, lease, due_at_ms))`, or `None`
