@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Json;
 use delayd_core::JobState;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::error::ApiResult;
 use super::extract::{Caller, Params, QueueRef};
@@ -49,7 +49,7 @@ pub(crate) async fn jobs(
 ) -> ApiResult {
     let dead = s.dead_letter(&caller, &queue, p.num("limit")?, p.stale()?).await?;
     let now = s.now_ms();
-    let jobs: Vec<Value> = dead.jobs.iter().map(|j| render::job(j, now)).collect();
+    let jobs: Vec<_> = dead.jobs.iter().map(|j| render::job(j, now)).collect();
     Ok(Json(json!({
         "namespace": queue.namespace,
         "queue": queue.queue,

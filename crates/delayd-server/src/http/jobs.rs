@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use delayd_core::{Due, Job, Target};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::error::{bad, ApiError, ApiResult};
 use super::extract::{body, split_json_array, Caller, JobRef, Params, Path, QueueRef};
@@ -85,23 +85,19 @@ pub(crate) async fn reserve(
         wait: Duration::from_secs(p.num::<u64>("timeout")?.unwrap_or(0)),
     };
     let got = s.reserve(&caller, request).await?;
-    // The extension's answer says whether the previous job went; lmstfy's shape otherwise.
-    let with_acked = |mut v: Value| {
+    if got.deliveries.is_empty() {
+        let mut v = json!({"msg": "no job available"});
         if let Some(a) = got.acked {
             v["acked"] = json!(a);
         }
-        v
-    };
-    if got.deliveries.is_empty() {
-        let v = with_acked(json!({"msg": "no job available"}));
         return Ok((StatusCode::NOT_FOUND, Json(v)).into_response());
     }
     let now = s.now_ms();
     // lmstfy answers one object for count=1 and an array when more were asked for (the
     // array has no room for `acked`: it travels in a header as well).
     let mut resp = match got.deliveries.as_slice() {
-        [one] if count == 1 => Json(with_acked(render::delivery(one, now))).into_response(),
-        all => Json(Value::Array(all.iter().map(|d| render::delivery(d, now)).collect()))
+        [one] if count == 1 => Json(render::delivery(one, now, got.acked)).into_response(),
+        all => Json(all.iter().map(|d| render::delivery(d, now, None)).collect::<Vec<_>>())
             .into_response(),
     };
     if let Some(a) = got.acked {

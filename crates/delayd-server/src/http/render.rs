@@ -3,45 +3,105 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use std::collections::BTreeMap;
+
 use axum::Json;
-use base64::Engine;
-use delayd_core::{Delivery, Job, JobState, QueueMeta, QueueName};
+use delayd_core::{Delivery, Job, JobId, JobState, QueueMeta, QueueName};
+use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 
 use crate::service::publish::Published;
 
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
+/// A job as the API shows it: lmstfy's fields with delayd's beside them, and for a delivery
+/// the lease as well. Serialized straight from the job (a reserve answers thousands of these
+/// a second), with its keys in the alphabetical order a JSON object built by hand had.
+#[derive(Serialize)]
+pub(crate) struct JobAnswer<'a> {
+    /// Whether the previous job acked on this reserve went (the `ack=` extension).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    acked: Option<bool>,
+    attempt: u16,
+    /// `null` when there are none.
+    attributes: Option<&'a BTreeMap<String, String>>,
+    /// The body, base64.
+    #[serde(serialize_with = "base64_text")]
+    data: &'a [u8],
+    due_at_ms: u64,
+    elapsed_ms: u64,
+    #[serde(serialize_with = "display")]
+    job_id: JobId,
+    key: Option<&'a str>,
+    /// A delivery's lease, hex.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "hex")]
+    lease: Option<u64>,
+    /// A delivery's lease deadline (`Some(None)` shows as `null`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_deadline_ms: Option<Option<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    msg: Option<&'static str>,
+    namespace: &'a str,
+    /// `null` for a job stored before numbers existed.
+    number: Option<u64>,
+    priority: u32,
+    queue: &'a str,
+    remain_tries: u16,
+    state: &'static str,
+    /// Whole seconds left to live, rounded up; 0 when the job never expires.
+    ttl: u64,
+}
+
+fn base64_text<S: Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&base64::display::Base64Display::new(
+        bytes,
+        &base64::engine::general_purpose::STANDARD,
+    ))
+}
+
+fn display<S: Serializer>(id: &JobId, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(id)
+}
+
+fn hex<S: Serializer>(lease: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match lease {
+        Some(l) => s.collect_str(&format_args!("{l:x}")),
+        None => s.serialize_none(),
+    }
 }
 
 /// A job as lmstfy shows it, with delayd's fields beside lmstfy's.
-pub(crate) fn job(job: &Job, now: u64) -> Value {
-    let ttl_s = job.expires_ms.map_or(0, |e| e.saturating_sub(now).div_ceil(1000));
-    json!({
-        "namespace": job.queue.namespace,
-        "queue": job.queue.queue,
-        "job_id": job.id.to_string(),
-        "number": (job.number != 0).then_some(job.number),
-        "data": b64(&job.body),
-        "ttl": ttl_s,
-        "elapsed_ms": now.saturating_sub(job.created_ms),
-        "remain_tries": job.remain_tries(),
-        "attributes": if job.attributes.is_empty() { Value::Null } else { json!(job.attributes) },
-        "state": job.state.as_str(),
-        "priority": job.priority,
-        "due_at_ms": job.due_ms,
-        "attempt": job.attempts,
-        "key": job.key,
-    })
+pub(crate) fn job(job: &Job, now: u64) -> JobAnswer<'_> {
+    JobAnswer {
+        acked: None,
+        attempt: job.attempts,
+        attributes: (!job.attributes.is_empty()).then_some(&job.attributes),
+        data: &job.body,
+        due_at_ms: job.due_ms,
+        elapsed_ms: now.saturating_sub(job.created_ms),
+        job_id: job.id,
+        key: job.key.as_deref(),
+        lease: None,
+        lease_deadline_ms: None,
+        msg: None,
+        namespace: &job.queue.namespace,
+        number: (job.number != 0).then_some(job.number),
+        priority: job.priority,
+        queue: &job.queue.queue,
+        remain_tries: job.remain_tries(),
+        state: job.state.as_str(),
+        ttl: job.expires_ms.map_or(0, |e| e.saturating_sub(now).div_ceil(1000)),
+    }
 }
 
-/// A job handed to a consumer: the job, its lease (hex) and the lease's deadline.
-pub(crate) fn delivery(d: &Delivery, now: u64) -> Value {
-    let mut v = job(&d.job, now);
-    v["msg"] = json!("new job");
-    v["lease"] = json!(format!("{:x}", d.lease));
-    v["lease_deadline_ms"] = json!(d.job.lease.map(|l| l.deadline_ms));
-    v
+/// A job handed to a consumer: the job, its lease (hex) and the lease's deadline; with
+/// `acked`, whether the ack that rode on the reserve went.
+pub(crate) fn delivery(d: &Delivery, now: u64, acked: Option<bool>) -> JobAnswer<'_> {
+    JobAnswer {
+        acked,
+        lease: Some(d.lease),
+        lease_deadline_ms: Some(d.job.lease.map(|l| l.deadline_ms)),
+        msg: Some("new job"),
+        ..job(&d.job, now)
+    }
 }
 
 /// A queue's name, pause flag and a count per state.
@@ -63,15 +123,101 @@ pub(crate) fn size(queue: &QueueName, size: u64) -> Response {
 
 /// 201 with the new job's id, or 200 when its key named a job that already existed.
 pub(crate) fn published(r: Published) -> Response {
-    if r.existed {
-        (StatusCode::OK, Json(json!({"msg": "exists", "job_id": r.id.to_string()}))).into_response()
-    } else {
-        (StatusCode::CREATED, Json(json!({"msg": "published", "job_id": r.id.to_string()})))
-            .into_response()
+    #[derive(Serialize)]
+    struct Answer {
+        #[serde(serialize_with = "display")]
+        job_id: JobId,
+        msg: &'static str,
     }
+    let (status, msg) =
+        if r.existed { (StatusCode::OK, "exists") } else { (StatusCode::CREATED, "published") };
+    (status, Json(Answer { job_id: r.id, msg })).into_response()
 }
 
 /// 204.
 pub(crate) fn no_content() -> Response {
     StatusCode::NO_CONTENT.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use delayd_core::{JobCounters, Lease};
+
+    use super::*;
+
+    fn stored_job() -> Job {
+        Job {
+            id: JobId(7),
+            queue: QueueName::new("ns", "q"),
+            key: None,
+            body: b"hi".to_vec(),
+            attributes: BTreeMap::new(),
+            state: JobState::Reserved,
+            priority: 3,
+            created_ms: 1_000,
+            due_ms: 2_000,
+            expires_ms: Some(11_001),
+            tries: 3,
+            attempts: 1,
+            ttr_ms: 30_000,
+            lease: Some(Lease { token: 255, deadline_ms: 32_000, ttr_ms: 30_000 }),
+            seq: 9,
+            counters: JobCounters::default(),
+            number: 0,
+        }
+    }
+
+    fn text(v: impl Serialize) -> String {
+        serde_json::to_string(&v).unwrap()
+    }
+
+    #[test]
+    fn a_job_shows_every_field_in_key_order_with_nulls_for_the_absent_ones() {
+        let want = json!({
+            "attempt": 1,
+            "attributes": null,
+            "data": "aGk=",
+            "due_at_ms": 2000,
+            "elapsed_ms": 1000,
+            "job_id": JobId(7).to_string(),
+            "key": null,
+            "namespace": "ns",
+            "number": null,
+            "priority": 3,
+            "queue": "q",
+            "remain_tries": 2,
+            "state": "reserved",
+            "ttl": 10, // 9,001 ms left, rounded up
+        });
+        // The same text as the object above (serde_json orders its keys), byte for byte.
+        assert_eq!(text(job(&stored_job(), 2_000)), want.to_string());
+    }
+
+    #[test]
+    fn a_delivery_adds_its_lease_and_message_and_the_ack_when_one_rode_on_it() {
+        let mut j = stored_job();
+        j.key = Some("k".into());
+        j.attributes.insert("a".into(), "b".into());
+        j.number = 42;
+        j.expires_ms = None;
+        let d = Delivery { job: j, lease: 255 };
+        let v: Value = serde_json::from_str(&text(delivery(&d, 2_000, None))).unwrap();
+        assert_eq!(
+            (&v["lease"], &v["lease_deadline_ms"], &v["msg"], &v["number"]),
+            (&json!("ff"), &json!(32_000), &json!("new job"), &json!(42))
+        );
+        assert_eq!(
+            (&v["key"], &v["attributes"], &v["ttl"]),
+            (&json!("k"), &json!({"a": "b"}), &json!(0))
+        );
+        assert!(v.get("acked").is_none(), "{v}");
+        let acked: Value = serde_json::from_str(&text(delivery(&d, 2_000, Some(false)))).unwrap();
+        assert_eq!(acked["acked"], false);
+        // A delivery of a job without a lease (never the case once reserved) shows null.
+        let d = Delivery { job: Job { lease: None, ..d.job }, lease: 1 };
+        let v: Value = serde_json::from_str(&text(delivery(&d, 2_000, None))).unwrap();
+        assert!(v["lease_deadline_ms"].is_null(), "{v}");
+    }
 }

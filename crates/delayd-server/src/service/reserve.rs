@@ -93,13 +93,10 @@ impl Service {
             return Err(ServiceError::bad_request("timeout must be at most 600 s"));
         }
         let deadline = Instant::now() + wait;
-        // Forget the subscriptions however this ends, a dropped request included.
-        let guard = WaitGuard {
-            service: self,
-            queues: &queues,
-            notifies: queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect(),
-        };
-        let notifies = &guard.notifies;
+        // The queues' wake-ups, subscribed only once the first attempt found nothing: most
+        // reserves under load find a job at once and never wait. Released however this
+        // ends, a dropped request included.
+        let mut guard: Option<WaitGuard<'_>> = None;
         // A stopping node answers its long-polls at once (module `health`); watched only
         // once the reserve is about to wait, so a reserve that finds a job at once pays
         // nothing for it.
@@ -112,8 +109,15 @@ impl Service {
         // reaches every replica's waiters when the replica applies it.
         let mut ask_leader = true;
         loop {
-            // Register before trying, so a job made ready in between still wakes us.
-            let mut woken: Vec<_> = notifies.iter().map(|n| Box::pin(n.notified())).collect();
+            // Register before looking, so a job made ready in between still wakes us. The
+            // first attempt needs none: a job made ready after the leader's answer reaches
+            // this replica later, and is either applied before the subscription below (and
+            // seen by the local look that follows it) or wakes it.
+            let mut woken: Vec<_> = guard
+                .iter()
+                .flat_map(|g| g.notifies.iter())
+                .map(|n| Box::pin(n.notified()))
+                .collect();
             for w in &mut woken {
                 w.as_mut().enable();
             }
@@ -141,6 +145,15 @@ impl Service {
                 }
             } else if Instant::now() >= deadline {
                 return Ok(Reserved { acked, deliveries: Vec::new() });
+            }
+            if guard.is_none() {
+                drop(woken); // empty: nothing was subscribed yet
+                guard = Some(WaitGuard {
+                    service: self,
+                    queues: &queues,
+                    notifies: queues.iter().map(|q| self.inner.waiters.subscribe(q)).collect(),
+                });
+                continue; // subscribed: look again before waiting
             }
             let drain = drain.get_or_insert_with(|| self.drain_watch());
             if *drain.borrow_and_update() {
