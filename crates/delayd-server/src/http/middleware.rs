@@ -1,11 +1,14 @@
-//! What every request passes through, outermost first:
+//! What every request passes through, in one layer ([`observe`]) around the router:
 //!
-//! - **a request id** ([`request_id`]): taken from the client's `x-request-id` when it sends
-//!   a sensible one (so a trace can cross services), made up otherwise, carried by a tracing
-//!   span around the whole request — every log line the request causes names it — and
-//!   returned in the response's `x-request-id`;
-//! - **metrics** ([`track`]): every answer counted and timed by route template, refused
-//!   requests (401/403/429) included.
+//! - **a request id**: taken from the client's `x-request-id` when it sends a sensible one
+//!   (so a trace can cross services), made up otherwise, carried by a tracing span around the
+//!   whole request — every log line the request causes names it — and returned in the
+//!   response's `x-request-id`;
+//! - **metrics**: every answer counted and timed by route template, refused requests
+//!   (401/403/429) included.
+//!
+//! One layer rather than one per concern: each `from_fn` layer costs every request a boxed
+//! future and a clone of the inner service, and these two see the same request and answer.
 
 use std::time::Instant;
 
@@ -27,38 +30,47 @@ fn acceptable(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// The request-id middleware.
-pub(crate) async fn request_id(request: Request, next: Next) -> Response {
-    let given =
-        request.headers().get(HEADER).and_then(|v| v.to_str().ok()).filter(|v| acceptable(v));
-    let id = match given {
-        Some(id) => id.to_string(),
-        None => ulid::Ulid::new().to_string(),
-    };
+/// The request's id: the client's when [`acceptable`], else a new ULID.
+fn request_id(request: &Request) -> HeaderValue {
+    let given = request.headers().get(HEADER).filter(|v| v.to_str().is_ok_and(acceptable));
+    match given {
+        Some(id) => id.clone(),
+        None => {
+            let mut text = [0; ulid::ULID_LEN];
+            // Crockford base32 is ASCII: always a valid header value.
+            HeaderValue::from_str(ulid::Ulid::new().array_to_str(&mut text))
+                .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+        }
+    }
+}
+
+/// The middleware: the request id's span around the request, its metrics once answered.
+pub(crate) async fn observe(State(s): State<Service>, request: Request, next: Next) -> Response {
+    let id = request_id(&request);
     // The route's template, not the path: `DELETE /token/{ns}/{token}` carries a secret in
-    // its path, and templates keep log lines greppable. Unmatched paths are logged as sent.
-    let route = match request.extensions().get::<MatchedPath>() {
-        Some(m) => m.as_str().to_string(),
-        None => request.uri().path().to_string(),
-    };
+    // its path, and templates keep log lines and label sets bounded. Unmatched paths are
+    // logged as sent and counted as `unmatched`.
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let method = method_label(request.method());
     let span = tracing::info_span!(
         "request",
-        request_id = %id,
-        method = %request.method(),
-        route = %route,
+        request_id = id.to_str().unwrap_or_default(),
+        method = request.method().as_str(),
+        route = matched.as_ref().map_or(request.uri().path(), MatchedPath::as_str),
     );
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
+    let took = started.elapsed();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
+    s.metrics().http_request(route, method, response.status().as_str(), took);
     span.in_scope(|| {
         tracing::debug!(
             status = response.status().as_u16(),
-            micros = started.elapsed().as_micros() as u64,
+            micros = took.as_micros() as u64,
             "request done"
         );
     });
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert(HEADER, v);
-    }
+    response.headers_mut().insert(HEADER, id);
     response
 }
 
@@ -75,18 +87,6 @@ fn method_label(m: &Method) -> &'static str {
         Method::OPTIONS => "OPTIONS",
         _ => "other",
     }
-}
-
-/// Counts and times requests by route template; requests no route matched are labelled
-/// `unmatched`, so the number of series is bounded by the router.
-pub(crate) async fn track(State(s): State<Service>, request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().cloned();
-    let method = method_label(request.method());
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
-    s.metrics().http_request(route, method, response.status().as_str(), started.elapsed());
-    response
 }
 
 #[cfg(test)]

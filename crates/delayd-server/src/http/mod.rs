@@ -212,8 +212,7 @@ pub fn router(service: &Service) -> Router {
         .fallback(error::not_found)
         .method_not_allowed_fallback(error::method_not_allowed)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(service.clone(), middleware::track))
         // Outermost: the request id's span covers everything else.
-        .layer(axum::middleware::from_fn(middleware::request_id))
+        .layer(axum::middleware::from_fn_with_state(service.clone(), middleware::observe))
         .with_state(service.clone())
 }
