@@ -21,8 +21,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::TcpStream;
 
-/// The longest a request may take, as the pooled client's timeout.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest a request may take, here and on the pooled client (`workloads::Ctx`).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A status and the whole body of an answer.
 #[derive(Debug)]

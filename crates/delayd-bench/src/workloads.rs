@@ -21,7 +21,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
-use crate::conn::{Answer, Conn};
+use crate::conn::{Answer, Conn, REQUEST_TIMEOUT};
 use crate::progress;
 use crate::stats::{
     join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Status, Tally,
@@ -112,7 +112,7 @@ impl Ctx {
         let http = reqwest::Client::builder()
             .default_headers(headers)
             .pool_max_idle_per_host(opts.clients.max(1) * 2)
-            .timeout(Duration::from_secs(30))
+            .timeout(REQUEST_TIMEOUT)
             .tcp_nodelay(true)
             .build()?;
         Ok(Ctx {
@@ -161,11 +161,6 @@ impl Ctx {
 /// A 100-byte body.
 pub fn body() -> Vec<u8> {
     vec![b'x'; BODY_BYTES]
-}
-
-/// [`body`], to send over a [`Conn`] (cloning it shares the bytes).
-fn body_bytes() -> Bytes {
-    Bytes::from(body())
 }
 
 /// A bulk body: a JSON array of `BULK_JOBS` strings whose JSON text is 100 bytes each.
@@ -382,7 +377,7 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
                     ack(&mut conn, &qpath, &id, &lease).await?;
                     Ok::<_, anyhow::Error>(true)
                 };
-                // An HTTP error ends one request, not the connection pool: go on.
+                // An HTTP error ends one request (the connection is dialled again): go on.
                 d.record(t0, done.await);
             }
             d.finish()
@@ -638,7 +633,7 @@ pub async fn lifecycle(ctx: &Ctx) -> Result<Row> {
     let mut producers = Vec::new();
     for i in 0..half {
         let pq = format!("{}?delay_ms=0", ctx.queue_path(queue));
-        let (mut conn, budget, payload) = (ctx.conn(i)?, budget.clone(), body_bytes());
+        let (mut conn, budget, payload) = (ctx.conn(i)?, budget.clone(), Bytes::from(body()));
         producers.push(tokio::spawn(async move {
             let mut t = Tally::default();
             while budget.take(1) {

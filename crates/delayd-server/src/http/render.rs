@@ -1,10 +1,10 @@
 //! Jobs, deliveries and counts as the HTTP API shows them: lmstfy's fields, with delayd's
 //! beside them.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use std::collections::BTreeMap;
 
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use delayd_core::{Delivery, Job, JobId, JobState, QueueMeta, QueueName};
 use serde::{Serialize, Serializer};
@@ -31,9 +31,9 @@ pub(crate) struct JobAnswer<'a> {
     #[serde(serialize_with = "display")]
     job_id: JobId,
     key: Option<&'a str>,
-    /// A delivery's lease, hex.
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "hex")]
-    lease: Option<u64>,
+    /// A delivery's lease.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<Hex>,
     /// A delivery's lease deadline (`Some(None)` shows as `null`).
     #[serde(skip_serializing_if = "Option::is_none")]
     lease_deadline_ms: Option<Option<u64>>,
@@ -61,10 +61,12 @@ fn display<S: Serializer>(id: &JobId, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(id)
 }
 
-fn hex<S: Serializer>(lease: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-    match lease {
-        Some(l) => s.collect_str(&format_args!("{l:x}")),
-        None => s.serialize_none(),
+/// A number shown as lower-case hex text (a lease, as the API takes it back).
+struct Hex(u64);
+
+impl Serialize for Hex {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{:x}", self.0))
     }
 }
 
@@ -97,7 +99,7 @@ pub(crate) fn job(job: &Job, now: u64) -> JobAnswer<'_> {
 pub(crate) fn delivery(d: &Delivery, now: u64, acked: Option<bool>) -> JobAnswer<'_> {
     JobAnswer {
         acked,
-        lease: Some(d.lease),
+        lease: Some(Hex(d.lease)),
         lease_deadline_ms: Some(d.job.lease.map(|l| l.deadline_ms)),
         msg: Some("new job"),
         ..job(&d.job, now)
