@@ -77,7 +77,7 @@
 //!   Raft side does not need the distinction.
 //! - A channel's background task runs on the tokio runtime that first used the address.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -105,6 +105,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
 use crate::faults::{FaultFilter, Verdict};
+use crate::fold::{fold_commits, stand_in_answer, Folded, Ledger, COMMIT_HOLD};
 use crate::identity::Identity;
 use crate::tls::{peer_connector, Tls};
 
@@ -398,6 +399,8 @@ type AppendStreamResult<'s> = Result<
 struct StreamProgress {
     /// Requests handed to the transport.
     sent: AtomicU64,
+    /// Which of them stand in for folded commit-only requests.
+    folded: Ledger,
     /// The fault filter dropped a request: the stream ended early and must end in an error.
     dropped: AtomicBool,
 }
@@ -407,6 +410,8 @@ struct Replies {
     replies: Streaming<RaftReply>,
     progress: Arc<StreamProgress>,
     received: u64,
+    /// Answers ready to hand out: those derived for folded requests, then the real one.
+    answered: VecDeque<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
     /// How long a reply may take while a request is outstanding.
     patience: Duration,
     target: NodeId,
@@ -429,15 +434,19 @@ impl GrpcConnection {
         let patience = option.soft_ttl().max(STREAM_PATIENCE);
         let target = self.target;
         let progress = Arc::new(StreamProgress::default());
+        let input = fold_commits(input, COMMIT_HOLD);
         // The fault filter judges each request as it is sent: a link cut mid-stream ends it.
         let requests = futures::stream::unfold(
             (input, self.network.clone(), progress.clone()),
             move |(mut input, network, progress)| async move {
-                let rpc = input.next().await?;
+                let Folded { rpc, stands_for } = input.next().await?;
                 if network.fault(target, Method::AppendEntries).await.is_err() {
                     progress.dropped.store(true, Ordering::Relaxed);
                     return None;
                 }
+                // Recorded before the request leaves, so before its answer can come.
+                let seq = progress.sent.load(Ordering::Relaxed);
+                progress.folded.record(seq, stands_for, rpc.prev_log_id);
                 progress.sent.fetch_add(1, Ordering::Relaxed);
                 Some((RaftRequest { payload: encode(&rpc) }, (input, network, progress)))
             },
@@ -462,7 +471,14 @@ impl GrpcConnection {
                 return Err(RPCError::Network(NetworkError::new(&io_error(&msg))));
             }
         };
-        let state = Some(Replies { replies, progress, received: 0, patience, target });
+        let state = Some(Replies {
+            replies,
+            progress,
+            received: 0,
+            answered: VecDeque::new(),
+            patience,
+            target,
+        });
         Ok(Box::pin(futures::stream::unfold(state, |state| async move {
             let mut state = state?;
             let item = state.next().await?;
@@ -478,6 +494,9 @@ impl Replies {
     async fn next(
         &mut self,
     ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+        if let Some(answer) = self.answered.pop_front() {
+            return Some(answer);
+        }
         loop {
             // Only a wait that began with a request outstanding may time out: between bursts
             // the stream is idle for as long as the leader has nothing to send.
@@ -499,6 +518,7 @@ impl Replies {
                 }
                 Err(_) => continue,
             };
+            let seq = self.received;
             self.received += 1;
             let result: Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>> =
                 match decode(&reply.payload) {
@@ -506,7 +526,16 @@ impl Replies {
                     Err(e) => return Some(Err(RPCError::Unreachable(Unreachable::new(&e)))),
                 };
             // A follower whose Raft stopped is as good as unreachable.
-            return Some(result.map_err(|e| RPCError::Unreachable(Unreachable::new(&e))));
+            let answer = result.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)));
+            // The requests this one stood in for are answered first, in their order.
+            if let (Some((stands_for, prev)), Ok(real)) = (self.progress.folded.take(seq), &answer)
+            {
+                let derived = stand_in_answer(real, prev);
+                self.answered.extend((0..stands_for).map(|_| Ok(derived.clone())));
+                self.answered.push_back(answer);
+                return self.answered.pop_front();
+            }
+            return Some(answer);
         }
     }
 }
