@@ -34,6 +34,10 @@
 //! an error; openraft then opens another. A peer of an older build answers `UNIMPLEMENTED`: the connection then
 //! falls back to unary calls for good.
 //!
+//! A request that only carries a new commit index waits up to [`crate::fold::COMMIT_HOLD`]
+//! on the stream and is folded into the request that follows it; its answer is derived from
+//! that request's ([`crate::fold`]). Under load this halves the messages per entry.
+//!
 //! ## How failures reach openraft
 //!
 //! | what happened | openraft sees | openraft does |
