@@ -36,7 +36,9 @@
 //!
 //! A request that only carries a new commit index waits up to [`crate::fold::COMMIT_HOLD`]
 //! on the stream and is folded into the request that follows it; its answer is derived from
-//! that request's ([`crate::fold`]). Under load this halves the messages per entry.
+//! that request's ([`crate::fold`]). Under load this halves the messages a follower receives
+//! and answers per entry. The fault filter judges each message on the wire, so a dropped or
+//! delayed message takes the requests folded into it along.
 //!
 //! ## How failures reach openraft
 //!
@@ -531,9 +533,10 @@ impl Replies {
                 };
             // A follower whose Raft stopped is as good as unreachable.
             let answer = result.map_err(|e| RPCError::Unreachable(Unreachable::new(&e)));
-            // The requests this one stood in for are answered first, in their order.
-            if let (Some((stands_for, prev)), Ok(real)) = (self.progress.folded.take(seq), &answer)
-            {
+            // The requests this one stood in for are answered first, in their order. After an
+            // error they get no answer: the stream ends with it.
+            let folded = self.progress.folded.take(seq);
+            if let (Some((stands_for, prev)), Ok(real)) = (folded, &answer) {
                 let derived = stand_in_answer(real, prev);
                 self.answered.extend((0..stands_for).map(|_| Ok(derived.clone())));
                 self.answered.push_back(answer);
