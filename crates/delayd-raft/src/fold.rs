@@ -35,22 +35,22 @@ use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use tokio::time::Instant;
 
 /// The longest a commit-only request waits for a request to ride on.
-pub const COMMIT_HOLD: Duration = Duration::from_millis(1);
+pub(crate) const COMMIT_HOLD: Duration = Duration::from_millis(1);
 
 /// A request to send, and how many commit-only requests before it it stands in for.
 #[derive(Debug)]
-pub struct Folded {
+pub(crate) struct Folded {
     /// What goes on the wire.
-    pub rpc: AppendEntriesRequest<TypeConfig>,
+    pub(crate) rpc: AppendEntriesRequest<TypeConfig>,
     /// The commit-only requests folded into it, whose answers are derived from its answer.
-    pub stands_for: u32,
+    pub(crate) stands_for: u32,
 }
 
 /// Sends what `input` yields, holding each commit-only request for up to `hold` and folding
 /// it into the next request that continues from the same place (see the module docs).
 /// Nothing is reordered: a request that does not continue from the held one's place sends
 /// the held one first.
-pub fn fold_commits<S>(input: S, hold: Duration) -> impl Stream<Item = Folded> + Send + Unpin
+pub(crate) fn fold_commits<S>(input: S, hold: Duration) -> impl Stream<Item = Folded> + Send + Unpin
 where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
 {
@@ -114,7 +114,7 @@ where
 
 /// The answer a commit-only request continuing from `prev` would have got, given the answer
 /// to the request that stood in for it.
-pub fn stand_in_answer(
+pub(crate) fn stand_in_answer(
     answer: &StreamAppendResult<TypeConfig>,
     prev: Option<LogId>,
 ) -> StreamAppendResult<TypeConfig> {
@@ -127,7 +127,7 @@ pub fn stand_in_answer(
 /// Which requests on the wire stand in for folded ones, shared by the two halves of an
 /// append stream: the sender records, the receiver takes as the answers come.
 #[derive(Default)]
-pub struct Ledger(Mutex<VecDeque<StandIn>>);
+pub(crate) struct Ledger(Mutex<VecDeque<StandIn>>);
 
 struct StandIn {
     /// The request's place on the stream (0 for the first sent).
@@ -139,7 +139,7 @@ struct StandIn {
 impl Ledger {
     /// Records that request `seq`, continuing from `prev`, stands in for `stands_for`
     /// folded requests. Requests are recorded in the order they are sent.
-    pub fn record(&self, seq: u64, stands_for: u32, prev: Option<LogId>) {
+    pub(crate) fn record(&self, seq: u64, stands_for: u32, prev: Option<LogId>) {
         if stands_for > 0 {
             let mut ledger = self.0.lock().unwrap_or_else(PoisonError::into_inner);
             ledger.push_back(StandIn { seq, stands_for, prev });
@@ -148,7 +148,7 @@ impl Ledger {
 
     /// For the answer to request `seq`: how many folded requests it answers too, and the
     /// place they continued from. `None` when it stands in for none.
-    pub fn take(&self, seq: u64) -> Option<(u32, Option<LogId>)> {
+    pub(crate) fn take(&self, seq: u64) -> Option<(u32, Option<LogId>)> {
         let mut ledger = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         while ledger.front().is_some_and(|s| s.seq < seq) {
             ledger.pop_front();

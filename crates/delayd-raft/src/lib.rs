@@ -43,7 +43,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod faults;
-pub mod fold;
+mod fold;
 pub mod forward;
 pub mod identity;
 pub mod network;

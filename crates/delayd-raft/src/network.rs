@@ -36,8 +36,8 @@
 //!
 //! A request that only carries a new commit index waits up to [`crate::fold::COMMIT_HOLD`]
 //! on the stream and is folded into the request that follows it; its answer is derived from
-//! that request's ([`crate::fold`]). Under load this halves the messages a follower receives
-//! and answers per entry. The fault filter judges each message on the wire, so a dropped or
+//! that request's ([`crate::fold`]). Under load a follower then receives and answers one
+//! message per entry where it took two. The fault filter judges each message on the wire, so a dropped or
 //! delayed message takes the requests folded into it along.
 //!
 //! ## How failures reach openraft
@@ -451,9 +451,8 @@ impl GrpcConnection {
                     return None;
                 }
                 // Recorded before the request leaves, so before its answer can come.
-                let seq = progress.sent.load(Ordering::Relaxed);
+                let seq = progress.sent.fetch_add(1, Ordering::Relaxed);
                 progress.folded.record(seq, stands_for, rpc.prev_log_id);
-                progress.sent.fetch_add(1, Ordering::Relaxed);
                 Some((RaftRequest { payload: encode(&rpc) }, (input, network, progress)))
             },
         );
