@@ -29,6 +29,7 @@ use crate::config::ClusterConfig;
 use crate::error::ClusterError;
 use crate::forward::{ForwardOp, ForwardReply, NodeStatus};
 use crate::identity::Identity;
+use crate::metrics::ReplicationMetrics;
 use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
@@ -122,11 +123,13 @@ impl ForwardHandler for Handler {
 impl Cluster {
     /// Opens the store under `config.data_dir`, starts Raft, the proposer and the timer pump,
     /// and binds the gRPC listener; [`Cluster::serve`] then starts serving and forms the
-    /// cluster. `observer` hears about every applied batch.
+    /// cluster. `observer` hears about every applied batch; the store and the transport
+    /// record into `store_metrics` and `replication_metrics`.
     pub async fn open(
         mut config: ClusterConfig,
         observer: Arc<dyn Observer>,
         store_metrics: StoreMetrics,
+        replication_metrics: ReplicationMetrics,
     ) -> Result<Cluster, ClusterError> {
         config.validate().map_err(ClusterError::BadRequest)?;
         let listener = TcpListener::bind(config.grpc_addr).await.map_err(|e| {
@@ -156,7 +159,8 @@ impl Cluster {
             .map_err(ClusterError::BadRequest)?
             .with_filter(config.faults.clone())
             .with_tls(config.tls.clone())
-            .with_identity(identity.clone());
+            .with_identity(identity.clone())
+            .with_metrics(replication_metrics);
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
                 .await

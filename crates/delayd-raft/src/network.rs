@@ -113,6 +113,7 @@ use tonic::{Code, Status, Streaming};
 use crate::faults::{FaultFilter, Verdict};
 use crate::fold::{fold_commits, stand_in_answer, Folded, Ledger, COMMIT_HOLD};
 use crate::identity::Identity;
+use crate::metrics::ReplicationMetrics;
 use crate::tls::{peer_connector, Tls};
 
 /// The largest gRPC message a node sends or accepts, on both the client and the server side.
@@ -155,6 +156,8 @@ pub struct GrpcNetwork {
     tls: Option<Arc<Tls>>,
     /// This node's cluster identity, carried on every call when it has one.
     identity: Identity,
+    /// What replication puts on the wire.
+    metrics: ReplicationMetrics,
 }
 
 /// Why [`GrpcNetwork::forward`] failed.
@@ -193,6 +196,12 @@ impl GrpcNetwork {
     /// Applies to channels created afterwards.
     pub fn with_tls(mut self, tls: Option<Arc<Tls>>) -> GrpcNetwork {
         self.tls = tls;
+        self
+    }
+
+    /// Counts the AppendEntries requests sent into `metrics`.
+    pub fn with_metrics(mut self, metrics: ReplicationMetrics) -> GrpcNetwork {
+        self.metrics = metrics;
         self
     }
 
@@ -450,6 +459,7 @@ impl GrpcConnection {
                     progress.dropped.store(true, Ordering::Relaxed);
                     return None;
                 }
+                network.metrics.sent(rpc.entries.len(), stands_for);
                 // Recorded before the request leaves, so before its answer can come.
                 let seq = progress.sent.fetch_add(1, Ordering::Relaxed);
                 progress.folded.record(seq, stands_for, rpc.prev_log_id);
@@ -571,7 +581,9 @@ impl RaftNetworkV2<TypeConfig> for GrpcConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.raft_call(Method::AppendEntries, encode(&rpc), &option).await
+        let payload = encode(&rpc);
+        self.network.metrics.sent(rpc.entries.len(), 0);
+        self.raft_call(Method::AppendEntries, payload, &option).await
     }
 
     /// One `Raft.StreamAppend` call carries the whole stream (see the module docs).

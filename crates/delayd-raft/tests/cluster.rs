@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use delayd_core::{query, Command, Due, Effects, JobId, NewJob, Outcome, QueueName, Reply};
 use delayd_raft::faults::Faults;
-use delayd_raft::{Cluster, ClusterConfig, ClusterError, ForwardOp, Observer, Timing};
+use delayd_raft::{
+    Cluster, ClusterConfig, ClusterError, ForwardOp, Observer, ReplicationMetrics, Timing,
+};
 use delayd_store::StoreMetrics;
 use openraft::ServerState;
 use tempfile::TempDir;
@@ -30,6 +32,8 @@ impl Observer for Quiet {
 
 struct TestCluster {
     nodes: Vec<Option<Cluster>>,
+    /// Each node's replication counters, by node id - 1.
+    replication: Vec<ReplicationMetrics>,
     faults: Arc<Faults>,
     dirs: Vec<TempDir>,
     next_job: u128,
@@ -51,8 +55,9 @@ fn config(id: u64, dir: &TempDir, faults: &Arc<Faults>, join: bool) -> ClusterCo
     c
 }
 
-async fn start(config: ClusterConfig) -> Result<Cluster> {
-    let cluster = Cluster::open(config, Arc::new(Quiet), StoreMetrics::default()).await?;
+async fn start(config: ClusterConfig, replication: ReplicationMetrics) -> Result<Cluster> {
+    let cluster =
+        Cluster::open(config, Arc::new(Quiet), StoreMetrics::default(), replication).await?;
     cluster.serve(None).await?;
     Ok(cluster)
 }
@@ -63,12 +68,15 @@ impl TestCluster {
         let faults = Arc::new(Faults::default());
         let mut dirs = Vec::new();
         let mut nodes = Vec::new();
+        let mut replication = Vec::new();
         for id in 1..=3 {
             let dir = tempfile::tempdir()?;
-            nodes.push(Some(start(config(id, &dir, &faults, id != 1)).await?));
+            let metrics = ReplicationMetrics::default();
+            nodes.push(Some(start(config(id, &dir, &faults, id != 1), metrics.clone()).await?));
+            replication.push(metrics);
             dirs.push(dir);
         }
-        let c = TestCluster { nodes, faults, dirs, next_job: 0 };
+        let c = TestCluster { nodes, replication, faults, dirs, next_job: 0 };
         c.wait(1, "node 1 leads", |n| n.is_leader()).await?;
         for id in 2..=3 {
             let addr = c.node(id).config().advertised();
@@ -430,6 +438,89 @@ async fn an_idle_reserve_costs_no_log_entry() -> Result {
             assert_eq!(got.iter().map(|d| d.job.id).collect::<Vec<_>>(), [JobId(c.next_job)]);
         }
         other => return Err(format!("unexpected outcome {other:?}").into()),
+    }
+    c.stop_all().await;
+    Ok(())
+}
+
+/// The leader counts what replication puts on the wire: every entry reaches both followers,
+/// and under a steady stream of writes commit-only requests ride on the entries after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_counts_requests_entries_and_folded_commits() -> Result {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let counters = c.replication[leader as usize - 1].clone();
+    let followers: Vec<(u64, ReplicationMetrics)> = (1..=3)
+        .filter(|id| *id != leader)
+        .map(|id| (id, c.replication[id as usize - 1].clone()))
+        .collect();
+    let followers_before: Vec<u64> = followers.iter().map(|(_, m)| m.append_requests()).collect();
+    let requests_before = counters.append_requests();
+    let entries_before = counters.append_entries();
+    let folded_before = counters.commits_folded();
+    let first_index = c.node(leader).metrics().last_log_index.unwrap_or(0);
+    // Eight writers in closed loops, as clients are: a commit is nearly always followed by
+    // another entry within the fold's hold, so folding must show up.
+    let (stop, written) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let writers: Vec<_> = (0..8u128)
+        .map(|w| {
+            let (node, stop, written) = (c.node(leader).clone(), stop.clone(), written.clone());
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for n in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let id = JobId(1_000_000 * (w + 1) + n);
+                    let publish = Command::Publish { queue: queue(), job: new_job(id) };
+                    node.propose(vec![publish]).await?;
+                    acked.push(id);
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, ClusterError>(acked)
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + WAIT;
+    while counters.commits_folded() == folded_before || written.load(Ordering::Relaxed) < 200 {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} writes and {} folded commit-only requests within {WAIT:?}",
+                written.load(Ordering::Relaxed),
+                counters.commits_folded() - folded_before
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for writer in writers {
+        acked.extend(writer.await??);
+    }
+    // Each entry appended since the start goes to both followers (resends only add to the
+    // count); the slower follower may still be receiving the last ones.
+    let appended = c.node(leader).metrics().last_log_index.unwrap_or(0) - first_index;
+    assert!(appended > 0);
+    while counters.append_entries() - entries_before < 2 * appended {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} entries sent for {appended} appended",
+                counters.append_entries() - entries_before
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let requests = counters.append_requests() - requests_before;
+    assert!(requests > 0, "no request counted for {appended} entries");
+    // Followers send no AppendEntries while they follow.
+    for ((id, m), before) in followers.iter().zip(followers_before) {
+        assert_eq!(m.append_requests(), before, "node {id}");
+    }
+    for id in 1..=3 {
+        c.holds(id, &acked).await?;
     }
     c.stop_all().await;
     Ok(())

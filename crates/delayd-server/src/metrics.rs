@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use delayd_core::{query, Effects, JobState, QueueName};
-use delayd_raft::Cluster;
+use delayd_raft::{Cluster, ReplicationMetrics};
 use delayd_store::{StateReader, StoreMetrics, TypeConfig};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::{Instant as _, RaftMetrics, ServerState};
@@ -102,6 +102,7 @@ struct JobCounters {
 pub struct Metrics {
     registry: Registry,
     store: StoreMetrics,
+    replication: ReplicationMetrics,
 
     http_requests: IntCounterVec,
     http_seconds: HistogramVec,
@@ -194,6 +195,8 @@ impl Metrics {
     pub fn new(store: StoreMetrics, build: &BuildInfo) -> prometheus::Result<Metrics> {
         let registry = Registry::new();
         store.register(&registry)?;
+        let replication = ReplicationMetrics::default();
+        replication.register(&registry)?;
         let b = Builder(&registry);
         b.gauge(
             "delayd_build_info",
@@ -365,6 +368,7 @@ impl Metrics {
             )?,
             scrape: Mutex::new(()),
             store,
+            replication,
             registry,
         })
     }
@@ -372,6 +376,11 @@ impl Metrics {
     /// The handles the store records into.
     pub fn store(&self) -> &StoreMetrics {
         &self.store
+    }
+
+    /// The handles the transport records replication into.
+    pub fn replication(&self) -> &ReplicationMetrics {
+        &self.replication
     }
 
     /// The node's registry, for callers that want to add their own metrics.

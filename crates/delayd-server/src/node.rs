@@ -55,8 +55,13 @@ impl Node {
         let disque = bind_protocol(&mut config.disque_addr, "disque_addr").await?;
         let beanstalk = bind_protocol(&mut config.beanstalk_addr, "beanstalk_addr").await?;
         let parts = Parts::new(metrics.clone());
-        let cluster =
-            Cluster::open(config.cluster(), parts.observer(), metrics.store().clone()).await?;
+        let cluster = Cluster::open(
+            config.cluster(),
+            parts.observer(),
+            metrics.store().clone(),
+            metrics.replication().clone(),
+        )
+        .await?;
         // With port 0 (tests) the cluster bound a port of the OS's choice: advertise it.
         config.grpc_addr = cluster.config().grpc_addr;
 
