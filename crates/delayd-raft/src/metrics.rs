@@ -15,13 +15,13 @@ use prometheus::{IntCounter, Opts, Registry};
 /// Handles for the replication metrics; see `docs/metrics.md` for their meaning.
 #[derive(Clone)]
 pub struct ReplicationMetrics {
-    /// AppendEntries requests sent to followers (streamed or one call each), heartbeats
-    /// included.
-    pub(crate) append_requests: IntCounter,
+    /// AppendEntries requests handed to the network for followers (streamed or one call
+    /// each), heartbeats included.
+    append_requests: IntCounter,
     /// Log entries those requests carried (an entry sent to two followers counts twice).
-    pub(crate) append_entries: IntCounter,
+    append_entries: IntCounter,
     /// Commit-only requests folded into the request after them instead of being sent.
-    pub(crate) commits_folded: IntCounter,
+    commits_folded: IntCounter,
 }
 
 fn counter(name: &str, help: &str) -> IntCounter {
@@ -74,7 +74,7 @@ impl ReplicationMetrics {
         self.commits_folded.get()
     }
 
-    /// Counts one request about to be sent, carrying `entries` entries and standing in for
+    /// Counts one request handed to the network, carrying `entries` entries and standing in for
     /// `folded` commit-only requests.
     pub(crate) fn sent(&self, entries: usize, folded: u32) {
         self.append_requests.inc();

@@ -31,14 +31,17 @@
 //! costs one HTTP/2 DATA frame instead of a call's headers, trailers and stream set-up.
 //! Ordering is the HTTP/2 stream's. A reply that does not come within the call's soft time
 //! to live (at least [`STREAM_PATIENCE`]) while requests are outstanding ends the stream with
-//! an error; openraft then opens another. A peer of an older build answers `UNIMPLEMENTED`: the connection then
-//! falls back to unary calls for good.
+//! an error; openraft then opens another. A peer of an older build answers `UNIMPLEMENTED`:
+//! the connection then falls back to unary calls for good.
 //!
 //! A request that only carries a new commit index waits up to [`crate::fold::COMMIT_HOLD`]
 //! on the stream and is folded into the request that follows it; its answer is derived from
 //! that request's ([`crate::fold`]). Under load a follower then receives and answers one
-//! message per entry where it took two. The fault filter judges each message on the wire, so a dropped or
-//! delayed message takes the requests folded into it along.
+//! message per entry where it took two. The fault filter judges each message on the wire, so
+//! a dropped or delayed message takes the requests folded into it along.
+//!
+//! Every request handed to the network, on a stream or in a call of its own, is counted in
+//! [`ReplicationMetrics`] before the fault filter sees it.
 //!
 //! ## How failures reach openraft
 //!
@@ -455,11 +458,11 @@ impl GrpcConnection {
             (input, self.network.clone(), progress.clone()),
             move |(mut input, network, progress)| async move {
                 let Folded { rpc, stands_for } = input.next().await?;
+                network.metrics.sent(rpc.entries.len(), stands_for);
                 if network.fault(target, Method::AppendEntries).await.is_err() {
                     progress.dropped.store(true, Ordering::Relaxed);
                     return None;
                 }
-                network.metrics.sent(rpc.entries.len(), stands_for);
                 // Recorded before the request leaves, so before its answer can come.
                 let seq = progress.sent.fetch_add(1, Ordering::Relaxed);
                 progress.folded.record(seq, stands_for, rpc.prev_log_id);
@@ -581,9 +584,8 @@ impl RaftNetworkV2<TypeConfig> for GrpcConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let payload = encode(&rpc);
         self.network.metrics.sent(rpc.entries.len(), 0);
-        self.raft_call(Method::AppendEntries, payload, &option).await
+        self.raft_call(Method::AppendEntries, encode(&rpc), &option).await
     }
 
     /// One `Raft.StreamAppend` call carries the whole stream (see the module docs).
