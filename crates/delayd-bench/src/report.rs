@@ -98,10 +98,11 @@ fn status(r: &Row) -> &'static str {
 }
 
 /// The results table as plain text (also used for one row at a time while running). `srv
-/// µs/job` is the servers' CPU per job, `gen %` the bench's own CPU in percent of one core.
+/// µs/job` is the servers' CPU per job, `srv cs/job` their context switches per job, `gen %`
+/// the bench's own CPU in percent of one core.
 pub fn table_header() -> String {
     format!(
-        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>6} {:>6} {:>5}  {}",
+        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>6} {:>6} {:>5}  {}",
         "system",
         "workload",
         "c",
@@ -112,6 +113,7 @@ pub fn table_header() -> String {
         "p99.9 ms",
         "max ms",
         "srv µs/job",
+        "srv cs/job",
         "gen %",
         "errors",
         "early",
@@ -123,7 +125,7 @@ pub fn table_header() -> String {
 pub fn table_row(r: &Row) -> String {
     let l = r.latency_ms;
     format!(
-        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>6} {:>6} {:>5}  {}",
+        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>6} {:>6} {:>5}  {}",
         r.system,
         r.workload,
         clients(r.clients),
@@ -134,6 +136,7 @@ pub fn table_row(r: &Row) -> String {
         opt(l.map(|l| l.p999), 2),
         opt(l.map(|l| l.max), 2),
         opt(r.server_cpu_us_per_job, 0),
+        opt(r.server_switches_per_job, 1),
         opt(r.loadgen_cpu_pct, 0),
         r.errors,
         r.early.map_or("-".to_string(), |e| e.to_string()),
@@ -186,20 +189,23 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     md.push_str(
         "`c` is the number of concurrent clients; `server CPU µs/job` the CPU time (user + \
          system) of every server process of the system over the measured part of the workload, \
-         per job; `load-gen CPU %` the bench process's own CPU time over the same span, in \
-         percent of one core (on a shared 2-core machine the load generator competes with the \
-         server for the same cores).\n\n",
+         per job; `server switches/job` the context switches of every server thread over the \
+         same span, per job (on a virtual machine each costs tens of microseconds of CPU, and \
+         the count moves far less between runs than latency); `load-gen CPU %` the bench \
+         process's own CPU time over the same span, in percent of one core (on a shared 2-core \
+         machine the load generator competes with the server for the same cores).\n\n",
     );
     md.push_str(
         "| system | workload | c | status | jobs/s | latency of | p50 ms | p99 ms | p99.9 ms \
-         | max ms | server CPU µs/job | load-gen CPU % | errors | early | note |\n\
-         |---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         | max ms | server CPU µs/job | server switches/job | load-gen CPU % | errors | early \
+         | note |\n\
+         |---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         let l = r.latency_ms;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.system,
             r.workload,
             clients(r.clients),
@@ -211,12 +217,14 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
             opt(l.map(|l| l.p999), 2),
             opt(l.map(|l| l.max), 2),
             opt(r.server_cpu_us_per_job, 0),
+            opt(r.server_switches_per_job, 1),
             opt(r.loadgen_cpu_pct, 0),
             r.errors,
             r.early.map_or("-".to_string(), |e| e.to_string()),
             r.note.replace('|', "\\|")
         );
     }
+    md.push_str(&by_thread_md(rows));
     if !ratios.is_empty() {
         md.push_str("\n## delayd ÷ peers (same run, same client count)\n\n");
         md.push_str(
@@ -251,6 +259,41 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     md.push_str(WORKLOADS_MD);
     std::fs::write(dir.join("report.md"), md)?;
     Ok(())
+}
+
+/// Where each row's server CPU went, by thread name, as a Markdown section; empty when no
+/// row has the split (the processes were not the bench's own).
+fn by_thread_md(rows: &[Row]) -> String {
+    let split: Vec<&Row> =
+        rows.iter().filter(|r| !r.server_cpu_us_per_job_by_thread.is_empty()).collect();
+    if split.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n## Server CPU per job, by thread\n\n\
+         µs per job spent by each kind of server thread (threads named alike added up; a \
+         thread that ended during the workload is missing; shares under 0.5 µs are left out).\n\n\
+         | system | workload | c | µs/job by thread |\n|---|---|---:|---|\n",
+    );
+    for r in split {
+        let mut threads: Vec<(&String, &f64)> = r.server_cpu_us_per_job_by_thread.iter().collect();
+        threads.sort_by(|a, b| b.1.total_cmp(a.1));
+        // Shares under half a microsecond would print as 0: left out.
+        let text: Vec<String> = threads
+            .iter()
+            .filter(|(_, us)| **us >= 0.5)
+            .map(|(name, us)| format!("`{name}` {us:.0}"))
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            r.system,
+            r.workload,
+            clients(r.clients),
+            text.join(", ")
+        );
+    }
+    md
 }
 
 /// What each workload does, for the report's readers.

@@ -5,6 +5,7 @@
 //! by the bench itself, and the result row that the table, the JSON file and the report are
 //! all rendered from.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -171,6 +172,16 @@ pub struct Row {
     /// not the bench's own (`--target`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_us_per_job: Option<f64>,
+    /// Context switches (voluntary and involuntary, every thread) of the server processes per
+    /// job over the same span. On a virtual machine a switch costs tens of microseconds of CPU,
+    /// and the count varies far less between runs than latency does, so it is the steadier
+    /// figure to compare two builds by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_switches_per_job: Option<f64>,
+    /// The server CPU per job split by thread name (digits at the end dropped, so a pool's
+    /// threads add up): where the CPU went, e.g. Tokio's workers against the WAL syncer.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_cpu_us_per_job_by_thread: BTreeMap<String, f64>,
     /// CPU time of the bench process itself (the load generator, and lmstfy's pump for
     /// `lmstfy-redis`) over the same span, in percent of one core: on a 2-core machine 200 is
     /// everything, so a high figure says the server was starved by its own load.
@@ -197,6 +208,8 @@ impl Row {
             note: String::new(),
             clients: None,
             server_cpu_us_per_job: None,
+            server_switches_per_job: None,
+            server_cpu_us_per_job_by_thread: BTreeMap::new(),
             loadgen_cpu_pct: None,
             extra: Map::new(),
         }
@@ -258,7 +271,11 @@ fn clock_ticks_per_s() -> f64 {
 /// CPU time (user + system, all threads) that process `pid` (or `self`) has used so far, in
 /// clock ticks, from `/proc/<pid>/stat`.
 pub fn cpu_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// User + system CPU ticks from the text of a process's or a thread's `stat`.
+fn stat_ticks(stat: &str) -> Option<u64> {
     // The command name (field 2) is in parentheses and may hold spaces: count fields after
     // its closing parenthesis, where field 3 (state) is the first.
     let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
@@ -267,10 +284,62 @@ pub fn cpu_ticks(pid: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// One thread of a server process, as `/proc` shows it.
+#[derive(Debug, Clone, PartialEq)]
+struct ThreadTimes {
+    /// The thread's name without the digits at its end (`rocksdb:low3` → `rocksdb:low`).
+    name: String,
+    /// CPU time (user + system) so far, in clock ticks.
+    ticks: u64,
+    /// Context switches so far, voluntary and involuntary.
+    switches: u64,
+}
+
+/// Every thread of process `pid` now, by thread id. A thread that ends before the next
+/// reading takes its counts with it, so the figures are a lower bound (Tokio's blocking
+/// threads end after ten idle seconds; the busy ones live as long as the process).
+fn threads(pid: u32) -> BTreeMap<u32, ThreadTimes> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    for task in dir.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        if let Some(t) = parse_thread(&stat, &status) {
+            out.insert(tid, t);
+        }
+    }
+    out
+}
+
+/// A thread's name and CPU ticks from its `stat`, and its context switches from its
+/// `status`.
+fn parse_thread(stat: &str, status: &str) -> Option<ThreadTimes> {
+    let name = stat.get(stat.find('(')? + 1..stat.rfind(')')?)?;
+    let ticks = stat_ticks(stat)?;
+    let switches = status
+        .lines()
+        .filter_map(|l| {
+            let (key, value) = l.split_once(':')?;
+            matches!(key, "voluntary_ctxt_switches" | "nonvoluntary_ctxt_switches")
+                .then(|| value.trim().parse::<u64>().ok())?
+        })
+        .sum();
+    Some(ThreadTimes {
+        name: name.trim_end_matches(|c: char| c.is_ascii_digit()).trim_end().to_string(),
+        ticks,
+        switches,
+    })
+}
+
 /// Where a CPU measurement began.
 struct CpuMark {
     at: Instant,
     server: Vec<(u32, u64)>,
+    /// Each server process's threads, by process id.
+    threads: BTreeMap<u32, BTreeMap<u32, ThreadTimes>>,
     own: u64,
 }
 
@@ -284,10 +353,14 @@ pub struct CpuMeter {
 }
 
 /// What a [`CpuMeter`] measured.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CpuUsage {
     /// Seconds of CPU used by the server processes; `None` when there were none to read.
     pub server_s: Option<f64>,
+    /// Context switches of the server processes' threads; `None` as for `server_s`.
+    pub server_switches: Option<u64>,
+    /// Seconds of server CPU by thread name (see [`Row::server_cpu_us_per_job_by_thread`]).
+    pub server_s_by_thread: BTreeMap<String, f64>,
     /// Seconds of CPU used by the bench process.
     pub own_s: f64,
     /// Wall-clock seconds measured.
@@ -298,7 +371,9 @@ impl CpuMeter {
     /// Begins a measurement of the server processes `pids` (empty when they are not local).
     pub fn start(&self, pids: &[u32]) {
         let server = pids.iter().filter_map(|p| Some((*p, cpu_ticks(&p.to_string())?))).collect();
-        let mark = CpuMark { at: Instant::now(), server, own: cpu_ticks("self").unwrap_or(0) };
+        let threads = pids.iter().map(|p| (*p, threads(*p))).collect();
+        let own = cpu_ticks("self").unwrap_or(0);
+        let mark = CpuMark { at: Instant::now(), server, threads, own };
         if let Ok(mut m) = self.mark.lock() {
             *m = Some(mark);
         }
@@ -328,9 +403,28 @@ impl CpuMeter {
             let before = mark.server.iter().find(|(q, _)| q == p).map_or(0, |(_, t)| *t);
             server += now.saturating_sub(before);
         }
+        let mut switches = 0u64;
+        let mut by_thread: BTreeMap<String, f64> = BTreeMap::new();
+        let none = BTreeMap::new();
+        for p in pids {
+            let before = mark.threads.get(p).unwrap_or(&none);
+            for (tid, now) in threads(*p) {
+                let (ticks, switched) = match before.get(&tid) {
+                    Some(b) => {
+                        (now.ticks.saturating_sub(b.ticks), now.switches.saturating_sub(b.switches))
+                    }
+                    None => (now.ticks, now.switches),
+                };
+                switches += switched;
+                *by_thread.entry(now.name).or_default() += ticks as f64 / tick;
+            }
+        }
+        by_thread.retain(|_, s| *s > 0.0);
         let own = cpu_ticks("self").unwrap_or(0).saturating_sub(mark.own);
         Some(CpuUsage {
             server_s: (!pids.is_empty()).then(|| server as f64 / tick),
+            server_switches: (!pids.is_empty()).then_some(switches),
+            server_s_by_thread: by_thread,
             own_s: own as f64 / tick,
             wall_s: mark.at.elapsed().as_secs_f64(),
         })
@@ -345,9 +439,18 @@ impl CpuUsage {
         let ran = |r: &&mut Row| matches!(r.status, Status::Ok | Status::Failed);
         let jobs: u64 = rows.iter_mut().filter(ran).map(|r| r.jobs).sum();
         let per_job = self.server_s.filter(|_| jobs > 0).map(|s| s * 1e6 / jobs as f64);
+        let switches = self.server_switches.filter(|_| jobs > 0).map(|n| n as f64 / jobs as f64);
+        let by_thread: BTreeMap<String, f64> = if jobs > 0 {
+            let per_job = |s: &f64| s * 1e6 / jobs as f64;
+            self.server_s_by_thread.iter().map(|(name, s)| (name.clone(), per_job(s))).collect()
+        } else {
+            BTreeMap::new()
+        };
         let pct = (self.wall_s > 0.0).then(|| self.own_s / self.wall_s * 100.0);
         for r in rows.iter_mut().filter(ran) {
             r.server_cpu_us_per_job = per_job;
+            r.server_switches_per_job = switches;
+            r.server_cpu_us_per_job_by_thread = by_thread.clone();
             r.loadgen_cpu_pct = pct;
         }
     }
@@ -408,6 +511,60 @@ mod tests {
         meter.start(&[]);
         let usage = meter.finish(&[]).expect("started");
         assert!(usage.server_s.is_none());
+        assert!(usage.server_switches.is_none());
+    }
+
+    #[test]
+    fn a_threads_name_cpu_and_switches_are_read_from_proc() {
+        // The name may hold spaces and parentheses; the fields count from the last `)`.
+        let stat = "4242 (rocksdb:lo (w) 12) S 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 1 0";
+        let status = "Name:\trocksdb:low12\nvoluntary_ctxt_switches:\t40\n\
+                      nonvoluntary_ctxt_switches:\t2\n";
+        let t = parse_thread(stat, status).expect("parsed");
+        assert_eq!(t, ThreadTimes { name: "rocksdb:lo (w)".into(), ticks: 281, switches: 42 });
+        assert_eq!(parse_thread("garbage", ""), None);
+    }
+
+    /// A thread of the measured process that burns CPU and sleeps shows up under its name,
+    /// with its switches counted.
+    #[test]
+    fn cpu_and_switches_are_split_by_thread() {
+        let meter = CpuMeter::default();
+        meter.start(&[std::process::id()]);
+        let (done, hold) = std::sync::mpsc::channel::<()>();
+        let burner = std::thread::Builder::new()
+            .name("bench-burner7".into())
+            .spawn(move || {
+                let mut x = 0u64;
+                for _ in 0..10 {
+                    let t0 = Instant::now();
+                    while t0.elapsed() < Duration::from_millis(15) {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    // Each sleep is at least one voluntary switch.
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let _ = done.send(());
+                // Alive until the reading below: a thread that ended would take its counts.
+                std::thread::park();
+                x
+            })
+            .expect("spawn");
+        hold.recv().expect("burned");
+        let usage = meter.finish(&[std::process::id()]).expect("started");
+        burner.thread().unpark();
+        assert_ne!(burner.join().expect("joined"), 1);
+        assert!(usage.server_switches.is_some_and(|n| n >= 10), "{usage:?}");
+        let burned = usage.server_s_by_thread.get("bench-burner").copied().unwrap_or(0.0);
+        assert!(burned > 0.0, "{usage:?}");
+        let mut rows = vec![Row::new("s", "w", Status::Ok)];
+        rows[0].jobs = 10;
+        usage.apply(&mut rows);
+        assert!(rows[0].server_switches_per_job.is_some_and(|n| n >= 1.0));
+        assert!(rows[0]
+            .server_cpu_us_per_job_by_thread
+            .get("bench-burner")
+            .is_some_and(|v| *v > 0.0));
     }
 
     #[test]

@@ -101,6 +101,13 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     let publish = rows.iter().find(|r| r["workload"] == "publish-http").context("publish")?;
     ensure!(publish["server_cpu_us_per_job"].as_f64().is_some(), "no server CPU: {publish}");
     ensure!(publish["loadgen_cpu_pct"].as_f64().is_some(), "no load-gen CPU: {publish}");
+    // ... and the servers' context switches, and their CPU split by thread: publishing runs
+    // on Tokio's workers. (The WAL syncer's share can round to no clock tick in a run this
+    // short, so it is not asserted.)
+    let switches = publish["server_switches_per_job"].as_f64().unwrap_or(0.0);
+    ensure!(switches > 0.0, "no server context switches: {publish}");
+    let workers = publish["server_cpu_us_per_job_by_thread"]["tokio-rt-worker"].as_f64();
+    ensure!(workers.is_some_and(|us| us > 0.0), "no CPU of Tokio's workers: {publish}");
     if beanstalkd {
         for w in ["publish", "drain"] {
             ensure!(status("beanstalkd", w).as_deref() == Some("ok"), "beanstalkd {w}\n{stdout}");
@@ -118,5 +125,7 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
         );
     }
     ensure!(report.join("report.md").exists() && report.join("throughput.svg").exists());
+    let md = std::fs::read_to_string(report.join("report.md"))?;
+    ensure!(md.contains("## Server CPU per job, by thread"), "no CPU split in the report");
     Ok(())
 }
