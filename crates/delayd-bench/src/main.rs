@@ -257,11 +257,15 @@ async fn run(args: Args) -> Result<ExitCode> {
     if args.target.is_empty() && !bin.exists() {
         bail!("{} not found: build it (cargo build -p delayd) or pass --bin", bin.display());
     }
-    let profile = if bin.to_string_lossy().contains("/release/") { "release" } else { "debug" };
+    let profile = build_profile(&bin);
     eprintln!(
         "delayd-bench: {} ({profile} build), {cpus} CPUs{}",
         bin.display(),
-        if profile == "debug" { "; a debug build: figures are not representative" } else { "" }
+        match profile {
+            "debug" => "; a debug build: figures are not representative",
+            "unknown" => "; only a release build gives representative figures",
+            _ => "",
+        }
     );
 
     let mut rows = Vec::new();
@@ -403,6 +407,19 @@ fn emit_all(
     }
 }
 
+/// The cargo profile `bin` was built with, told by its place in a target directory
+/// (`…/release/…` or `…/debug/…`); "unknown" for a binary copied elsewhere.
+fn build_profile(bin: &std::path::Path) -> &'static str {
+    let names: Vec<_> = bin.components().map(|c| c.as_os_str().to_string_lossy()).collect();
+    if names.iter().any(|n| n == "release") {
+        "release"
+    } else if names.iter().any(|n| n == "debug") {
+        "debug"
+    } else {
+        "unknown"
+    }
+}
+
 /// Runs a peer's workload between two CPU readings of its server process `pid`.
 async fn measured<F>(
     cpu: &CpuMeter,
@@ -509,5 +526,21 @@ async fn run_lmstfy(
             };
             emit_all(rows, system, w, c, result, usage);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_profile_comes_from_the_binarys_target_directory() {
+        let profile = |p: &str| build_profile(std::path::Path::new(p));
+        assert_eq!(profile("target/release/delayd"), "release");
+        assert_eq!(profile("/work/target/debug/delayd"), "debug");
+        // A copy elsewhere says nothing about how it was built, nor does a name that only
+        // contains the word.
+        assert_eq!(profile("/tmp/base/delayd"), "unknown");
+        assert_eq!(profile("/opt/debugger/delayd"), "unknown");
     }
 }
