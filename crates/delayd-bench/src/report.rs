@@ -102,7 +102,10 @@ fn status(r: &Row) -> &'static str {
 /// the bench's own CPU in percent of one core.
 pub fn table_header() -> String {
     format!(
-        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>6} {:>6} {:>5}  {}",
+        concat!(
+            "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} ",
+            "{:>11} {:>10} {:>6} {:>6} {:>5}  {}"
+        ),
         "system",
         "workload",
         "c",
@@ -125,7 +128,10 @@ pub fn table_header() -> String {
 pub fn table_row(r: &Row) -> String {
     let l = r.latency_ms;
     format!(
-        "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11} {:>10} {:>6} {:>6} {:>5}  {}",
+        concat!(
+            "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} ",
+            "{:>11} {:>10} {:>6} {:>6} {:>5}  {}"
+        ),
         r.system,
         r.workload,
         clients(r.clients),
@@ -190,10 +196,10 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
         "`c` is the number of concurrent clients; `server CPU µs/job` the CPU time (user + \
          system) of every server process of the system over the measured part of the workload, \
          per job; `server switches/job` the context switches of every server thread over the \
-         same span, per job (on a virtual machine each costs tens of microseconds of CPU, and \
-         the count moves far less between runs than latency); `load-gen CPU %` the bench \
-         process's own CPU time over the same span, in percent of one core (on a shared 2-core \
-         machine the load generator competes with the server for the same cores).\n\n",
+         same span, per job (a lower bound: threads that ended are not counted); `load-gen CPU \
+         %` the bench process's own CPU time over the same span, in percent of one core (on a \
+         shared 2-core machine the load generator competes with the server for the same \
+         cores).\n\n",
     );
     md.push_str(
         "| system | workload | c | status | jobs/s | latency of | p50 ms | p99 ms | p99.9 ms \
@@ -272,17 +278,20 @@ fn by_thread_md(rows: &[Row]) -> String {
     let mut md = String::from(
         "\n## Server CPU per job, by thread\n\n\
          µs per job spent by each kind of server thread (threads named alike added up; a \
-         thread that ended during the workload is missing; shares under 0.5 µs are left out).\n\n\
+         thread that ended during the workload is missing; shares that round to 0 µs are left \
+         out).\n\n\
          | system | workload | c | µs/job by thread |\n|---|---|---:|---|\n",
     );
     for r in split {
         let mut threads: Vec<(&String, &f64)> = r.server_cpu_us_per_job_by_thread.iter().collect();
         threads.sort_by(|a, b| b.1.total_cmp(a.1));
-        // Shares under half a microsecond would print as 0: left out.
+        // Shares that print as 0 are left out (judged on the printed figure: formatting
+        // rounds half to even, `f64::round` does not).
         let text: Vec<String> = threads
             .iter()
-            .filter(|(_, us)| **us >= 0.5)
-            .map(|(name, us)| format!("`{name}` {us:.0}"))
+            .map(|(name, us)| (name, format!("{us:.0}")))
+            .filter(|(_, us)| us != "0")
+            .map(|(name, us)| format!("`{name}` {us}"))
             .collect();
         let _ = writeln!(
             md,
@@ -562,4 +571,24 @@ fn ratios_svg(ratios: &[Ratio]) -> String {
     );
     svg.push_str("</svg>\n");
     svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_split_lists_threads_by_share_and_leaves_out_zeros() {
+        let mut row = Row::new("sys", "publish", Status::Ok);
+        row.clients = Some(64);
+        assert_eq!(by_thread_md(std::slice::from_ref(&row)), "", "no split, no section");
+        row.server_cpu_us_per_job_by_thread =
+            [("wal", 4.6), ("workers", 82.2), ("half", 0.5), ("idle", 0.2)]
+                .into_iter()
+                .map(|(name, us)| (name.to_string(), us))
+                .collect();
+        let md = by_thread_md(&[row]);
+        assert!(md.contains("| sys | publish | 64 | `workers` 82, `wal` 5 |"), "{md}");
+        assert!(!md.contains("`half`") && !md.contains("`idle`"), "{md}");
+    }
 }

@@ -172,14 +172,15 @@ pub struct Row {
     /// not the bench's own (`--target`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_us_per_job: Option<f64>,
-    /// Context switches (voluntary and involuntary, every thread) of the server processes per
-    /// job over the same span. On a virtual machine a switch costs tens of microseconds of CPU,
-    /// and the count varies far less between runs than latency does, so it is the steadier
-    /// figure to compare two builds by.
+    /// Context switches (voluntary and involuntary) of the server processes' threads over the
+    /// same span, per job. A lower bound: a thread that ended before the span's end is not
+    /// counted. `None` as for `server_cpu_us_per_job`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_switches_per_job: Option<f64>,
     /// The server CPU per job split by thread name (digits at the end dropped, so a pool's
-    /// threads add up): where the CPU went, e.g. Tokio's workers against the WAL syncer.
+    /// threads add up): where the CPU went, e.g. Tokio's workers against the WAL syncer. The
+    /// parts can fall short of `server_cpu_us_per_job`, which also counts threads that ended
+    /// during the span; empty as `server_cpu_us_per_job` is `None`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub server_cpu_us_per_job_by_thread: BTreeMap<String, f64>,
     /// CPU time of the bench process itself (the load generator, and lmstfy's pump for
@@ -286,7 +287,7 @@ fn stat_ticks(stat: &str) -> Option<u64> {
 
 /// One thread of a server process, as `/proc` shows it.
 #[derive(Debug, Clone, PartialEq)]
-struct ThreadTimes {
+struct ThreadCounts {
     /// The thread's name without the digits at its end (`rocksdb:low3` → `rocksdb:low`).
     name: String,
     /// CPU time (user + system) so far, in clock ticks.
@@ -298,7 +299,7 @@ struct ThreadTimes {
 /// Every thread of process `pid` now, by thread id. A thread that ends before the next
 /// reading takes its counts with it, so the figures are a lower bound (Tokio's blocking
 /// threads end after ten idle seconds; the busy ones live as long as the process).
-fn threads(pid: u32) -> BTreeMap<u32, ThreadTimes> {
+fn threads(pid: u32) -> BTreeMap<u32, ThreadCounts> {
     let mut out = BTreeMap::new();
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
     for task in dir.flatten() {
@@ -316,18 +317,22 @@ fn threads(pid: u32) -> BTreeMap<u32, ThreadTimes> {
 
 /// A thread's name and CPU ticks from its `stat`, and its context switches from its
 /// `status`.
-fn parse_thread(stat: &str, status: &str) -> Option<ThreadTimes> {
+fn parse_thread(stat: &str, status: &str) -> Option<ThreadCounts> {
     let name = stat.get(stat.find('(')? + 1..stat.rfind(')')?)?;
     let ticks = stat_ticks(stat)?;
-    let switches = status
+    let counts: Vec<u64> = status
         .lines()
         .filter_map(|l| {
             let (key, value) = l.split_once(':')?;
             matches!(key, "voluntary_ctxt_switches" | "nonvoluntary_ctxt_switches")
                 .then(|| value.trim().parse::<u64>().ok())?
         })
-        .sum();
-    Some(ThreadTimes {
+        .collect();
+    // Both counts or no reading: a thread counted as zero at the start and in full at the end
+    // would be charged its whole life.
+    let [voluntary, involuntary] = counts[..] else { return None };
+    let switches = voluntary + involuntary;
+    Some(ThreadCounts {
         name: name.trim_end_matches(|c: char| c.is_ascii_digit()).trim_end().to_string(),
         ticks,
         switches,
@@ -339,7 +344,7 @@ struct CpuMark {
     at: Instant,
     server: Vec<(u32, u64)>,
     /// Each server process's threads, by process id.
-    threads: BTreeMap<u32, BTreeMap<u32, ThreadTimes>>,
+    threads: BTreeMap<u32, BTreeMap<u32, ThreadCounts>>,
     own: u64,
 }
 
@@ -357,7 +362,7 @@ pub struct CpuMeter {
 pub struct CpuUsage {
     /// Seconds of CPU used by the server processes; `None` when there were none to read.
     pub server_s: Option<f64>,
-    /// Context switches of the server processes' threads; `None` as for `server_s`.
+    /// Context switches of the server processes' threads; `None` when no thread could be read.
     pub server_switches: Option<u64>,
     /// Seconds of server CPU by thread name (see [`Row::server_cpu_us_per_job_by_thread`]).
     pub server_s_by_thread: BTreeMap<String, f64>,
@@ -404,11 +409,13 @@ impl CpuMeter {
             server += now.saturating_sub(before);
         }
         let mut switches = 0u64;
+        let mut read_any = false;
         let mut by_thread: BTreeMap<String, f64> = BTreeMap::new();
         let none = BTreeMap::new();
         for p in pids {
             let before = mark.threads.get(p).unwrap_or(&none);
             for (tid, now) in threads(*p) {
+                read_any = true;
                 let (ticks, switched) = match before.get(&tid) {
                     Some(b) => {
                         (now.ticks.saturating_sub(b.ticks), now.switches.saturating_sub(b.switches))
@@ -423,7 +430,7 @@ impl CpuMeter {
         let own = cpu_ticks("self").unwrap_or(0).saturating_sub(mark.own);
         Some(CpuUsage {
             server_s: (!pids.is_empty()).then(|| server as f64 / tick),
-            server_switches: (!pids.is_empty()).then_some(switches),
+            server_switches: read_any.then_some(switches),
             server_s_by_thread: by_thread,
             own_s: own as f64 / tick,
             wall_s: mark.at.elapsed().as_secs_f64(),
@@ -521,50 +528,74 @@ mod tests {
         let status = "Name:\trocksdb:low12\nvoluntary_ctxt_switches:\t40\n\
                       nonvoluntary_ctxt_switches:\t2\n";
         let t = parse_thread(stat, status).expect("parsed");
-        assert_eq!(t, ThreadTimes { name: "rocksdb:lo (w)".into(), ticks: 281, switches: 42 });
+        assert_eq!(t, ThreadCounts { name: "rocksdb:lo (w)".into(), ticks: 281, switches: 42 });
         assert_eq!(parse_thread("garbage", ""), None);
     }
 
-    /// A thread of the measured process that burns CPU and sleeps shows up under its name,
-    /// with its switches counted.
+    /// Burns about `ms` of CPU on the calling thread.
+    fn burn(ms: u64) -> u64 {
+        let t0 = Instant::now();
+        let mut x = 0u64;
+        while t0.elapsed() < Duration::from_millis(ms) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        x
+    }
+
+    /// A thread that runs and sleeps during the measurement shows up under its name, with
+    /// its own switches; one that burned CPU only before the measurement began does not.
     #[test]
     fn cpu_and_switches_are_split_by_thread() {
+        let spawn = |name: &str, work: fn() -> u64| {
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    let x = work();
+                    let _ = done_tx.send(());
+                    // Alive until the readings: a thread that ended would take its counts.
+                    std::thread::park();
+                    x
+                })
+                .expect("spawn");
+            done_rx.recv().expect("worked");
+            thread
+        };
+        // 150 ms of CPU before the measurement begins: its ticks must not be charged.
+        let before = spawn("bench-before3", || burn(150));
         let meter = CpuMeter::default();
         meter.start(&[std::process::id()]);
-        let (done, hold) = std::sync::mpsc::channel::<()>();
-        let burner = std::thread::Builder::new()
-            .name("bench-burner7".into())
-            .spawn(move || {
-                let mut x = 0u64;
-                for _ in 0..10 {
-                    let t0 = Instant::now();
-                    while t0.elapsed() < Duration::from_millis(15) {
-                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                    }
+        let during = spawn("bench-during7", || {
+            (0..10)
+                .map(|_| {
+                    let x = burn(15);
                     // Each sleep is at least one voluntary switch.
                     std::thread::sleep(Duration::from_millis(1));
-                }
-                let _ = done.send(());
-                // Alive until the reading below: a thread that ended would take its counts.
-                std::thread::park();
-                x
-            })
-            .expect("spawn");
-        hold.recv().expect("burned");
+                    x
+                })
+                .fold(0, u64::wrapping_add)
+        });
         let usage = meter.finish(&[std::process::id()]).expect("started");
-        burner.thread().unpark();
-        assert_ne!(burner.join().expect("joined"), 1);
-        assert!(usage.server_switches.is_some_and(|n| n >= 10), "{usage:?}");
-        let burned = usage.server_s_by_thread.get("bench-burner").copied().unwrap_or(0.0);
-        assert!(burned > 0.0, "{usage:?}");
+        let during_now = threads(std::process::id())
+            .into_values()
+            .find(|t| t.name == "bench-during")
+            .expect("the thread is alive");
+        for t in [before, during] {
+            t.thread().unpark();
+            assert_ne!(t.join().expect("joined"), 1);
+        }
+        // It started after the mark, so all its switches fall inside the span.
+        assert!(during_now.switches >= 10, "{during_now:?}");
+        assert!(usage.server_switches.is_some_and(|n| n >= during_now.switches), "{usage:?}");
+        let cpu = |name: &str| usage.server_s_by_thread.get(name).copied().unwrap_or(0.0);
+        assert!(cpu("bench-during") > 0.0, "{usage:?}");
+        assert!(cpu("bench-before") < 0.05, "CPU from before the mark charged: {usage:?}");
         let mut rows = vec![Row::new("s", "w", Status::Ok)];
         rows[0].jobs = 10;
         usage.apply(&mut rows);
         assert!(rows[0].server_switches_per_job.is_some_and(|n| n >= 1.0));
-        assert!(rows[0]
-            .server_cpu_us_per_job_by_thread
-            .get("bench-burner")
-            .is_some_and(|v| *v > 0.0));
+        let split = &rows[0].server_cpu_us_per_job_by_thread;
+        assert!(split.get("bench-during").is_some_and(|us| *us > 0.0), "{split:?}");
     }
 
     #[test]

@@ -101,13 +101,16 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     let publish = rows.iter().find(|r| r["workload"] == "publish-http").context("publish")?;
     ensure!(publish["server_cpu_us_per_job"].as_f64().is_some(), "no server CPU: {publish}");
     ensure!(publish["loadgen_cpu_pct"].as_f64().is_some(), "no load-gen CPU: {publish}");
-    // ... and the servers' context switches, and their CPU split by thread: publishing runs
-    // on Tokio's workers. (The WAL syncer's share can round to no clock tick in a run this
-    // short, so it is not asserted.)
+    // ... and the servers' context switches, and their CPU split by thread. Which thread
+    // carries it is the runtime's business (and a share can round to no clock tick in a run
+    // this short), so only that some named thread did is asserted.
     let switches = publish["server_switches_per_job"].as_f64().unwrap_or(0.0);
     ensure!(switches > 0.0, "no server context switches: {publish}");
-    let workers = publish["server_cpu_us_per_job_by_thread"]["tokio-rt-worker"].as_f64();
-    ensure!(workers.is_some_and(|us| us > 0.0), "no CPU of Tokio's workers: {publish}");
+    let split = publish["server_cpu_us_per_job_by_thread"].as_object().context("no CPU split")?;
+    ensure!(
+        split.iter().any(|(name, us)| !name.is_empty() && us.as_f64().is_some_and(|us| us > 0.0)),
+        "no thread's CPU in the split: {publish}"
+    );
     if beanstalkd {
         for w in ["publish", "drain"] {
             ensure!(status("beanstalkd", w).as_deref() == Some("ok"), "beanstalkd {w}\n{stdout}");
