@@ -97,15 +97,24 @@ fn status(r: &Row) -> &'static str {
     }
 }
 
+/// One line of the plain-text results table: the header and the rows share the column widths.
+macro_rules! table_line {
+    ($($cell:expr),* $(,)?) => {
+        format!(
+            concat!(
+                "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} ",
+                "{:>11} {:>10} {:>6} {:>6} {:>5}  {}"
+            ),
+            $($cell),*
+        )
+    };
+}
+
 /// The results table as plain text (also used for one row at a time while running). `srv
 /// µs/job` is the servers' CPU per job, `srv cs/job` their context switches per job, `gen %`
 /// the bench's own CPU in percent of one core.
 pub fn table_header() -> String {
-    format!(
-        concat!(
-            "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} ",
-            "{:>11} {:>10} {:>6} {:>6} {:>5}  {}"
-        ),
+    table_line!(
         "system",
         "workload",
         "c",
@@ -127,11 +136,7 @@ pub fn table_header() -> String {
 /// One row of the plain-text table.
 pub fn table_row(r: &Row) -> String {
     let l = r.latency_ms;
-    format!(
-        concat!(
-            "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} ",
-            "{:>11} {:>10} {:>6} {:>6} {:>5}  {}"
-        ),
+    table_line!(
         r.system,
         r.workload,
         clients(r.clients),
