@@ -49,6 +49,10 @@ pub struct Config {
     pub batch_linger: Duration,
     /// Most deadlines one tick fires.
     pub tick_limit: u32,
+    /// How long a reserve that waits may hold the `ack=` it carries, so that the ack rides
+    /// in the log entry of the reserve that takes a job instead of one of its own (0: never
+    /// held; at most [`MAX_ACK_HOLD`]). See `service/reserve.rs`.
+    pub ack_hold: Duration,
     /// Build a snapshot after this many log entries.
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot, for followers that are only a little behind.
@@ -130,6 +134,7 @@ impl Default for Config {
             max_in_flight: c.proposer.max_in_flight,
             batch_linger: c.proposer.linger,
             tick_limit: c.tick_limit,
+            ack_hold: Duration::from_millis(250),
             snapshot_logs: c.snapshot_logs,
             keep_logs: c.keep_logs,
             heartbeat_ms: c.timing.heartbeat_ms,
@@ -188,6 +193,13 @@ impl Config {
                 "max_horizon_s ({}) must be 1 to {} (lmstfy's 32-bit seconds)",
                 self.max_horizon.as_secs(),
                 MAX_HORIZON_LIMIT.as_secs()
+            ));
+        }
+        if self.ack_hold > MAX_ACK_HOLD {
+            return Err(format!(
+                "ack_hold_ms ({}) must be at most {}",
+                self.ack_hold.as_millis(),
+                MAX_ACK_HOLD.as_millis()
             ));
         }
         crate::service::validate::check_name("namespace", &self.disque_namespace)
@@ -262,6 +274,9 @@ impl Config {
 
 /// The outer bound of the `max_horizon` setting: lmstfy's parameters are 32-bit seconds.
 pub const MAX_HORIZON_LIMIT: Duration = Duration::from_secs(u32::MAX as u64);
+/// Largest `ack_hold`: a held ack leaves a finished job counted as reserved, which an
+/// operator reading the queue's counts should not be misled by for long.
+pub const MAX_ACK_HOLD: Duration = Duration::from_secs(10);
 /// Smallest `max_entry_bytes`.
 pub const MIN_ENTRY_BYTES: usize = 64 * 1024;
 /// Largest `max_entry_bytes`: a quarter of the transport's message limit, so a replication

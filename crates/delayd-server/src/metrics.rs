@@ -111,6 +111,7 @@ pub struct Metrics {
     token_catch_ups: IntCounter,
     rate_limited: IntCounterVec,
     reserves_waiting: IntGauge,
+    reserve_attempts: IntCounterVec,
     protocol_requests: IntCounterVec,
     protocol_seconds: HistogramVec,
 
@@ -272,6 +273,12 @@ impl Metrics {
                 "Reserves (long-polls of any protocol) parked on this node until a job is \
                  ready or their timeout ends.",
             ))?,
+            reserve_attempts: b.counter(
+                "delayd_reserve_attempts_total",
+                "Reserve attempts this node's consumers sent to the leader, by whether they \
+                 took a job (delivered) or found the queues empty (empty).",
+                &["outcome"],
+            )?,
             jobs_events,
             timer_lateness: b.add(Histogram::with_opts(
                 HistogramOpts::new(
@@ -462,6 +469,12 @@ impl Metrics {
     /// One more reserve parked waiting for a job (`1`), or one fewer (`-1`).
     pub(crate) fn reserve_waiting(&self, delta: i64) {
         self.reserves_waiting.add(delta);
+    }
+
+    /// Counts one reserve attempt sent to the leader, by whether it took a job.
+    pub(crate) fn reserve_attempt(&self, delivered: bool) {
+        let outcome = if delivered { "delivered" } else { "empty" };
+        self.reserve_attempts.with_label_values(&[outcome]).inc();
     }
 
     /// Counts one catch-up with the leader for unknown tokens (see `service/auth.rs`).

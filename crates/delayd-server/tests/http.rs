@@ -352,6 +352,93 @@ async fn reserve_acks_the_previous_job_in_the_same_request() {
     t.stop().await;
 }
 
+/// A reserve that carries `ack=` and finds nothing ready holds the ack (`ack_hold`) and sends
+/// it in the entry of the reserve a job wakes: one entry per consumed job instead of two. A
+/// held ack still goes when the hold ends, when the wait ends, when the caller goes away and
+/// when the node drains; one whose lease is too short to outlast the hold goes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_reserve_holds_its_ack_for_the_entry_that_takes_a_job() {
+    // A hold no slow machine outlasts by accident; each step below ends it on purpose.
+    let config = Config { ack_hold: Duration::from_secs(10), ..Config::default() };
+    let t = TestNode::start_with(config).await;
+    let parked = |n: u64| {
+        let want = format!("delayd_reserves_waiting {n}\n");
+        let t = &t;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !t.node.metrics().render(t.node.cluster()).unwrap().contains(&want) {
+                assert!(Instant::now() < deadline, "never {want}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let spawn_get = |uri: String| {
+        let client = Client { router: t.node.router() };
+        tokio::spawn(async move { client.get(&uri).await })
+    };
+    let lease_of = |job: &Value| job["lease"].as_str().unwrap().to_string();
+
+    // Held until a job comes, then sent with the reserve that takes it.
+    let first = t.publish(Q, "a").await;
+    let lease = lease_of(&t.reserve(Q).await);
+    let applied = t.applied().await;
+    let waiting = spawn_get(format!("{Q}?ack={first}&ack_lease={lease}&timeout=30"));
+    parked(1).await;
+    assert_eq!(t.applied().await, applied, "the ack is held, not written");
+    assert_eq!(t.counts(Q).await["reserved"], 1);
+    let second = t.publish(Q, "b").await;
+    let (status, v) = waiting.await.unwrap();
+    assert_eq!((status, &v["job_id"], &v["acked"]), (StatusCode::OK, &json!(second), &json!(true)));
+    assert_eq!(t.applied().await, applied + 2, "the publish, then the ack with the reserve");
+    assert_eq!(t.get(&format!("{Q}/job/{first}")).await.0, StatusCode::NOT_FOUND);
+
+    // Nothing comes: the ack goes when the wait (shorter than the hold) ends.
+    let lease = lease_of(&v);
+    let started = Instant::now();
+    let (status, v) = t.get(&format!("{Q}?ack={second}&ack_lease={lease}&timeout=1")).await;
+    assert_eq!(
+        (status, v),
+        (StatusCode::NOT_FOUND, json!({"msg": "no job available", "acked": true}))
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    assert_eq!(t.get(&format!("{Q}/job/{second}")).await.0, StatusCode::NOT_FOUND);
+
+    // The caller goes away while the ack is held: it is sent all the same.
+    let third = t.publish(Q, "c").await;
+    let lease = lease_of(&t.reserve(Q).await);
+    let waiting = spawn_get(format!("{Q}?ack={third}&ack_lease={lease}&timeout=30"));
+    parked(1).await;
+    waiting.abort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.get(&format!("{Q}/job/{third}")).await.0 != StatusCode::NOT_FOUND {
+        assert!(Instant::now() < deadline, "the ack of a dropped reserve was lost");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    parked(0).await;
+
+    // A lease shorter than twice the hold is not held: the ack is written before the wait.
+    let fourth = t.publish(Q, "d").await;
+    let lease = lease_of(&t.reserve(&format!("{Q}?ttr=15")).await);
+    let applied = t.applied().await;
+    let waiting = spawn_get(format!("{Q}?ack={fourth}&ack_lease={lease}&timeout=30"));
+    parked(1).await;
+    assert_eq!(t.applied().await, applied + 1, "the ack went before the reserve parked");
+    assert_eq!(t.get(&format!("{Q}/job/{fourth}")).await.0, StatusCode::NOT_FOUND);
+    waiting.abort();
+    parked(0).await;
+
+    // Draining answers a waiting reserve at once, and sends the ack it holds first.
+    let fifth = t.publish(Q, "e").await;
+    let lease = lease_of(&t.reserve(Q).await);
+    let waiting = spawn_get(format!("{Q}?ack={fifth}&ack_lease={lease}&timeout=30"));
+    parked(1).await;
+    t.node.service().drain();
+    let answer = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
+    assert_eq!(answer, (StatusCode::NOT_FOUND, json!({"msg": "no job available", "acked": true})));
+    assert_eq!(t.get(&format!("{Q}/job/{fifth}")).await.0, StatusCode::NOT_FOUND);
+    t.stop().await;
+}
+
 // ---- time ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,6 +101,10 @@ pub struct Settings {
     /// Most deadlines one timer tick fires [default: 1024].
     #[arg(long, env = "DELAYD_TICK_LIMIT")]
     pub tick_limit: Option<u32>,
+    /// How long a waiting reserve may hold its `ack=` for the entry of the reserve that takes
+    /// a job, in ms; 0 never [default: 250; at most 10000].
+    #[arg(long, env = "DELAYD_ACK_HOLD_MS")]
+    pub ack_hold_ms: Option<u64>,
     /// Build a snapshot after this many log entries [default: 50000].
     #[arg(long, env = "DELAYD_SNAPSHOT_LOGS")]
     pub snapshot_logs: Option<u64>,
@@ -233,6 +237,7 @@ impl Settings {
             max_in_flight: Some(c.max_in_flight),
             batch_linger_us: Some(c.batch_linger.as_micros().try_into().unwrap_or(u64::MAX)),
             tick_limit: Some(c.tick_limit),
+            ack_hold_ms: Some(millis(c.ack_hold)),
             snapshot_logs: Some(c.snapshot_logs),
             keep_logs: Some(c.keep_logs),
             heartbeat_ms: Some(c.heartbeat_ms),
@@ -269,7 +274,7 @@ impl Settings {
             disque_addr, disque_namespace, protocol_idle_timeout_ms, beanstalk_addr,
             beanstalk_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
             max_in_flight, batch_linger_us,
-            tick_limit, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
+            tick_limit, ack_hold_ms, snapshot_logs, keep_logs, heartbeat_ms, election_timeout_min_ms,
             election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token,
             admin_token_file, previous_admin_tokens, cluster_secret, cluster_secret_file,
             previous_cluster_secrets, public_metrics, log_level, log_json, drain_timeout_ms,
@@ -430,6 +435,7 @@ impl Settings {
             max_in_flight: self.max_in_flight.unwrap_or(d.max_in_flight),
             batch_linger: self.batch_linger_us.map_or(d.batch_linger, Duration::from_micros),
             tick_limit: self.tick_limit.unwrap_or(d.tick_limit),
+            ack_hold: self.ack_hold_ms.map_or(d.ack_hold, Duration::from_millis),
             snapshot_logs: positive("snapshot_logs", self.snapshot_logs, d.snapshot_logs)?,
             keep_logs: self.keep_logs.unwrap_or(d.keep_logs),
             heartbeat_ms,
@@ -622,6 +628,7 @@ mod tests {
         assert!(!secret.contains("1234567890"), "the value is not shown: {secret}");
         assert!(err("max_body_bytes = 0").contains("max_body_bytes"));
         assert!(err("request_timeout_ms = 0").contains("request_timeout_ms must be positive"));
+        assert!(err("ack_hold_ms = 10001").contains("ack_hold_ms (10001) must be at most 10000"));
         assert!(err("admin_token = \"0123456789abcdef\"\nadmin_token_file = \"t\"")
             .contains("not both"));
     }

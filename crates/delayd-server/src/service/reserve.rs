@@ -101,13 +101,23 @@ impl Service {
         // once the reserve is about to wait, so a reserve that finds a job at once pays
         // nothing for it.
         let mut drain = None;
-        let mut ack = ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease });
+        let mut ack = HeldAck {
+            service: self,
+            command: ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease }),
+        };
         let mut acked = None;
-        // The first attempt always goes to the leader, which answers "nothing ready" from its
-        // own (current) state without a log entry, so a follower needs no read-index round
-        // trip first. Later attempts follow this replica's wake-ups: a job made ready anywhere
+        // The first attempt goes to the leader, which answers "nothing ready" from its own
+        // (current) state without a log entry, so a follower needs no read-index round trip
+        // first. Later attempts follow this replica's wake-ups: a job made ready anywhere
         // reaches every replica's waiters when the replica applies it.
         let mut ask_leader = true;
+        // An ack with nothing ready is held instead (see `ack_hold`): the first attempt is
+        // then the one a wake-up or `ack_due` starts, and it carries the ack.
+        let mut ack_due = Instant::now();
+        if let Some(hold) = self.ack_hold(ack.command.as_ref(), &queues, wait).await? {
+            ack_due += hold;
+            ask_leader = false;
+        }
         loop {
             // Register before looking, so a job made ready in between still wakes us. The
             // first attempt needs none: a job made ready after the leader's answer reaches
@@ -121,8 +131,10 @@ impl Service {
             for w in &mut woken {
                 w.as_mut().enable();
             }
-            let attempt =
-                ask_leader || self.read(true, |v| query::anything_ready(v, &queues)).await?;
+            let ack_overdue = ack.command.is_some() && Instant::now() >= ack_due;
+            let attempt = ask_leader
+                || ack_overdue
+                || self.read(true, |v| query::anything_ready(v, &queues)).await?;
             ask_leader = false;
             if attempt {
                 let (queues, lease_seed) = (queues.clone(), rand::random());
@@ -134,16 +146,18 @@ impl Service {
                         Command::ReserveUrgent { queues, count, ttr_ms, lease_seed }
                     }
                 };
-                let commands = match ack.take() {
+                let commands = match ack.command.take() {
                     Some(a) => vec![a, reserve],
                     None => vec![reserve],
                 };
                 let got = self.reserve_once(commands).await?;
+                self.metrics().reserve_attempt(!got.deliveries.is_empty());
                 acked = acked.or(got.acked);
                 if !got.deliveries.is_empty() || Instant::now() >= deadline {
                     return Ok(Reserved { acked, deliveries: got.deliveries });
                 }
             } else if Instant::now() >= deadline {
+                // Not reached with an ack held: it falls due by the deadline at the latest.
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             if guard.is_none() {
@@ -157,15 +171,65 @@ impl Service {
             }
             let drain = drain.get_or_insert_with(|| self.drain_watch());
             if *drain.borrow_and_update() {
+                if let Some(a) = ack.command.take() {
+                    acked = Some(self.ack_alone(a).await?);
+                }
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             let _parked = Parked::new(self);
+            let wake_at = if ack.command.is_some() { ack_due.min(deadline) } else { deadline };
             tokio::select! {
                 _ = select_all(woken) => {}
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(wake_at) => {}
                 _ = drain.changed() => {}
             }
         }
+    }
+
+    /// How long a reserve may hold the ack it carries, or `None` to send it at once.
+    ///
+    /// A consumer that acks its last job on the next reserve usually finds nothing ready
+    /// when many consumers share a queue: its ack would take a log entry of its own, and the
+    /// reserve a wake-up starts a second one. Held, the ack goes into the woken reserve's
+    /// entry instead, one entry and one command per job fewer; held at most
+    /// `ack_hold` (and never past the reserve's own wait), it then goes with a reserve
+    /// attempt as before.
+    ///
+    /// Only when this replica shows nothing ready (else the reserve goes at once, ack and
+    /// all) and the acked job's lease, as this replica knows it, outlasts twice the hold:
+    /// a lease that ran out while its ack was held would hand the job to another consumer
+    /// although this one had finished it.
+    async fn ack_hold(
+        &self,
+        ack: Option<&Command>,
+        queues: &[QueueName],
+        wait: Duration,
+    ) -> Result<Option<Duration>, ServiceError> {
+        let hold = self.config().ack_hold.min(wait);
+        let Some(Command::Ack { queue, id, lease }) = ack.filter(|_| !hold.is_zero()) else {
+            return Ok(None);
+        };
+        let (ready, lease_deadline_ms) = self
+            .read(true, |v| {
+                let ready = query::anything_ready(v, queues)?;
+                let held_lease = query::job(v, queue, *id)?
+                    .and_then(|job| job.lease)
+                    .filter(|l| lease.is_none_or(|token| token == l.token));
+                Ok((ready, held_lease.map(|l| l.deadline_ms)))
+            })
+            .await?;
+        let Some(lease_deadline_ms) = lease_deadline_ms.filter(|_| !ready) else {
+            return Ok(None);
+        };
+        let slack = Duration::from_millis(lease_deadline_ms.saturating_sub(self.now_ms()));
+        Ok((slack >= hold.saturating_mul(2)).then_some(hold))
+    }
+
+    /// Sends a held ack on its own (the reserve ends without another attempt), answering
+    /// whether it removed the job.
+    async fn ack_alone(&self, ack: Command) -> Result<bool, ServiceError> {
+        let outcome = self.write(vec![ack]).await?.pop();
+        Ok(matches!(outcome, Some(Ok(Reply::Removed(true)))))
     }
 
     /// Reserves one job by id, out of line, if it is ready, delayed or dead (beanstalkd's
@@ -291,6 +355,26 @@ impl Drop for ReserveOutcome<'_> {
             let service = self.service.clone();
             tokio::spawn(async move { service.return_deliveries(undelivered.deliveries).await });
         }
+    }
+}
+
+/// An ack a reserve carries, until it goes into the log. If the reserve is dropped while
+/// holding it (the client went away), the ack is still sent, in a task of its own: the
+/// consumer had finished the job, and an ack lost would deliver it again after its ttr.
+struct HeldAck<'a> {
+    service: &'a Service,
+    command: Option<Command>,
+}
+
+impl Drop for HeldAck<'_> {
+    fn drop(&mut self) {
+        let Some(ack) = self.command.take() else { return };
+        let service = self.service.clone();
+        tokio::spawn(async move {
+            if let Err(e) = service.write(vec![ack]).await {
+                tracing::warn!(error = %e, "cannot send the ack of a reserve whose caller is gone");
+            }
+        });
     }
 }
 
