@@ -392,10 +392,15 @@ async fn a_waiting_reserve_holds_its_ack_for_the_entry_that_takes_a_job() {
     assert_eq!(t.applied().await, applied + 2, "the publish, then the ack with the reserve");
     assert_eq!(t.get(&format!("{Q}/job/{first}")).await.0, StatusCode::NOT_FOUND);
 
-    // Nothing comes: the ack goes when the wait (shorter than the hold) ends.
+    // Nothing comes: the ack is held as long as the wait (shorter than the hold), and goes
+    // when the wait ends.
     let lease = lease_of(&v);
+    let applied = t.applied().await;
     let started = Instant::now();
-    let (status, v) = t.get(&format!("{Q}?ack={second}&ack_lease={lease}&timeout=1")).await;
+    let waiting = spawn_get(format!("{Q}?ack={second}&ack_lease={lease}&timeout=1"));
+    parked(1).await;
+    assert_eq!(t.applied().await, applied, "held while the reserve waits");
+    let (status, v) = waiting.await.unwrap();
     assert_eq!(
         (status, v),
         (StatusCode::NOT_FOUND, json!({"msg": "no job available", "acked": true}))
@@ -416,7 +421,8 @@ async fn a_waiting_reserve_holds_its_ack_for_the_entry_that_takes_a_job() {
     }
     parked(0).await;
 
-    // A lease shorter than twice the hold is not held: the ack is written before the wait.
+    // A lease shorter than twice the hold and the request timeout is not held: the ack is
+    // written before the wait.
     let fourth = t.publish(Q, "d").await;
     let lease = lease_of(&t.reserve(&format!("{Q}?ttr=15")).await);
     let applied = t.applied().await;
@@ -436,6 +442,35 @@ async fn a_waiting_reserve_holds_its_ack_for_the_entry_that_takes_a_job() {
     let answer = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
     assert_eq!(answer, (StatusCode::NOT_FOUND, json!({"msg": "no job available", "acked": true})));
     assert_eq!(t.get(&format!("{Q}/job/{fifth}")).await.0, StatusCode::NOT_FOUND);
+    t.stop().await;
+}
+
+/// A hold shorter than the wait: the ack goes when the hold ends, while the reserve keeps
+/// waiting, and the job it takes later still answers `acked: true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_ack_goes_when_the_hold_ends_and_the_reserve_keeps_waiting() {
+    let config = Config { ack_hold: Duration::from_millis(300), ..Config::default() };
+    let t = TestNode::start_with(config).await;
+    let first = t.publish(Q, "a").await;
+    let lease = t.reserve(Q).await["lease"].as_str().unwrap().to_string();
+    let applied = t.applied().await;
+    let started = Instant::now();
+    let waiting = {
+        let client = Client { router: t.node.router() };
+        let uri = format!("{Q}?ack={first}&ack_lease={lease}&timeout=30");
+        tokio::spawn(async move { client.get(&uri).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while t.get(&format!("{Q}/job/{first}")).await.0 != StatusCode::NOT_FOUND {
+        assert!(Instant::now() < deadline, "the held ack never went");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+    assert!(!waiting.is_finished(), "the reserve keeps waiting after its ack went");
+    assert_eq!(t.applied().await, applied + 1, "the ack, with an attempt that found nothing");
+    let second = t.publish(Q, "b").await;
+    let (status, v) = waiting.await.unwrap();
+    assert_eq!((status, &v["job_id"], &v["acked"]), (StatusCode::OK, &json!(second), &json!(true)));
     t.stop().await;
 }
 

@@ -29,7 +29,8 @@ pub struct ReserveRequest {
     pub ttr_ms: Option<u64>,
     /// How long to wait for a job when none is ready, at most [`MAX_WAIT`].
     pub wait: Duration,
-    /// The consumer's previous job, acked in the same log entry as the first attempt.
+    /// The consumer's previous job, acked in the same log entry as a reserve attempt: the
+    /// first, or, when nothing is ready and the reserve waits, the one a wake-up starts.
     pub ack: Option<AckFirst>,
     /// Which ready jobs go first.
     pub order: ReserveOrder,
@@ -71,9 +72,9 @@ pub struct Reserved {
 impl Service {
     /// Reserves up to `count` jobs from the queues in order, waiting up to `wait` for one,
     /// after acking the consumer's previous job when `ack` names one: the ack rides in the
-    /// same log entry as the first reserve attempt, so a consumer that acks and reserves
-    /// makes one round trip and costs one entry instead of two. The ack happens even when
-    /// nothing is ready.
+    /// same log entry as a reserve attempt, so a consumer that acks and reserves makes one
+    /// round trip. The ack happens even when nothing is ready: at once, or, when the reserve
+    /// is going to wait, with the attempt a wake-up starts (see [`Service::ack_hold`]).
     pub async fn reserve(
         &self,
         caller: &Principal,
@@ -92,7 +93,8 @@ impl Service {
         if wait > MAX_WAIT {
             return Err(ServiceError::bad_request("timeout must be at most 600 s"));
         }
-        let deadline = Instant::now() + wait;
+        let started = Instant::now();
+        let deadline = started + wait;
         // The queues' wake-ups, subscribed only once the first attempt found nothing: most
         // reserves under load find a job at once and never wait. Released however this
         // ends, a dropped request included.
@@ -101,23 +103,23 @@ impl Service {
         // once the reserve is about to wait, so a reserve that finds a job at once pays
         // nothing for it.
         let mut drain = None;
-        let mut ack = HeldAck {
+        let mut ack = PendingAck {
             service: self,
             command: ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease }),
         };
         let mut acked = None;
+        // When a held ack must go at the latest; `None` while no ack is held.
+        let mut ack_due = None;
+        if let Some(hold) = self.ack_hold(ack.command.as_ref(), &queues, wait).await {
+            ack_due = Some((started + hold).min(deadline));
+        }
         // The first attempt goes to the leader, which answers "nothing ready" from its own
         // (current) state without a log entry, so a follower needs no read-index round trip
         // first. Later attempts follow this replica's wake-ups: a job made ready anywhere
-        // reaches every replica's waiters when the replica applies it.
-        let mut ask_leader = true;
-        // An ack with nothing ready is held instead (see `ack_hold`): the first attempt is
-        // then the one a wake-up or `ack_due` starts, and it carries the ack.
-        let mut ack_due = Instant::now();
-        if let Some(hold) = self.ack_hold(ack.command.as_ref(), &queues, wait).await? {
-            ack_due += hold;
-            ask_leader = false;
-        }
+        // reaches every replica's waiters when the replica applies it. A reserve holding its
+        // ack has just seen nothing ready here: it subscribes and looks again instead.
+        let mut ask_leader = ack_due.is_none();
+        let mut looked = ack_due.is_some();
         loop {
             // Register before looking, so a job made ready in between still wakes us. The
             // first attempt needs none: a job made ready after the leader's answer reaches
@@ -131,10 +133,12 @@ impl Service {
             for w in &mut woken {
                 w.as_mut().enable();
             }
-            let ack_overdue = ack.command.is_some() && Instant::now() >= ack_due;
+            let ack_overdue =
+                ack.command.is_some() && ack_due.is_none_or(|due| Instant::now() >= due);
             let attempt = ask_leader
                 || ack_overdue
-                || self.read(true, |v| query::anything_ready(v, &queues)).await?;
+                || (!std::mem::take(&mut looked)
+                    && self.read(true, |v| query::anything_ready(v, &queues)).await?);
             ask_leader = false;
             if attempt {
                 let (queues, lease_seed) = (queues.clone(), rand::random());
@@ -157,7 +161,11 @@ impl Service {
                     return Ok(Reserved { acked, deliveries: got.deliveries });
                 }
             } else if Instant::now() >= deadline {
-                // Not reached with an ack held: it falls due by the deadline at the latest.
+                // A held ack falls due by the deadline, so it went with the attempt above;
+                // should timers disagree by a hair, it still goes before the answer.
+                if let Some(a) = ack.command.take() {
+                    acked = Some(self.ack_alone(a).await?);
+                }
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             if guard.is_none() {
@@ -171,13 +179,17 @@ impl Service {
             }
             let drain = drain.get_or_insert_with(|| self.drain_watch());
             if *drain.borrow_and_update() {
+                // Answered without waiting any longer, once a held ack is written.
                 if let Some(a) = ack.command.take() {
                     acked = Some(self.ack_alone(a).await?);
                 }
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             let _parked = Parked::new(self);
-            let wake_at = if ack.command.is_some() { ack_due.min(deadline) } else { deadline };
+            let wake_at = match ack_due.filter(|_| ack.command.is_some()) {
+                Some(due) => due.min(deadline),
+                None => deadline,
+            };
             tokio::select! {
                 _ = select_all(woken) => {}
                 _ = tokio::time::sleep_until(wake_at) => {}
@@ -190,39 +202,45 @@ impl Service {
     ///
     /// A consumer that acks its last job on the next reserve usually finds nothing ready
     /// when many consumers share a queue: its ack would take a log entry of its own, and the
-    /// reserve a wake-up starts a second one. Held, the ack goes into the woken reserve's
-    /// entry instead, one entry and one command per job fewer; held at most
-    /// `ack_hold` (and never past the reserve's own wait), it then goes with a reserve
-    /// attempt as before.
+    /// reserve a wake-up starts later a second one. Held, the ack goes into the woken
+    /// reserve's entry instead. It is held at most `ack_hold` and never past the reserve's
+    /// own wait; then it goes with a reserve attempt as before.
     ///
-    /// Only when this replica shows nothing ready (else the reserve goes at once, ack and
-    /// all) and the acked job's lease, as this replica knows it, outlasts twice the hold:
-    /// a lease that ran out while its ack was held would hand the job to another consumer
-    /// although this one had finished it.
+    /// Held only when this replica shows nothing ready (else the reserve goes at once, ack
+    /// and all), and when the acked job's lease, as this replica knows it, has twice the
+    /// hold left and the request timeout besides: a lease that ran out while its ack was
+    /// held, or while the ack was being committed, would hand a finished job to another
+    /// consumer. "Left" counts from the later of this node's clock and the replicated one,
+    /// so a clock behind the leader's does not stretch it. A failed read only means no hold.
     async fn ack_hold(
         &self,
         ack: Option<&Command>,
         queues: &[QueueName],
         wait: Duration,
-    ) -> Result<Option<Duration>, ServiceError> {
+    ) -> Option<Duration> {
         let hold = self.config().ack_hold.min(wait);
         let Some(Command::Ack { queue, id, lease }) = ack.filter(|_| !hold.is_zero()) else {
-            return Ok(None);
+            return None;
         };
-        let (ready, lease_deadline_ms) = self
+        let lease_deadline_ms = self
             .read(true, |v| {
-                let ready = query::anything_ready(v, queues)?;
+                if query::anything_ready(v, queues)? {
+                    return Ok(None);
+                }
                 let held_lease = query::job(v, queue, *id)?
                     .and_then(|job| job.lease)
                     .filter(|l| lease.is_none_or(|token| token == l.token));
-                Ok((ready, held_lease.map(|l| l.deadline_ms)))
+                let now_ms = query::clock(v)?;
+                Ok(held_lease.map(|l| (l.deadline_ms, now_ms)))
             })
-            .await?;
-        let Some(lease_deadline_ms) = lease_deadline_ms.filter(|_| !ready) else {
-            return Ok(None);
-        };
-        let slack = Duration::from_millis(lease_deadline_ms.saturating_sub(self.now_ms()));
-        Ok((slack >= hold.saturating_mul(2)).then_some(hold))
+            .await
+            .ok()
+            .flatten();
+        let (deadline_ms, replicated_now_ms) = lease_deadline_ms?;
+        let now_ms = self.now_ms().max(replicated_now_ms);
+        let left = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
+        let needed = hold.saturating_mul(2).saturating_add(self.config().request_timeout);
+        (left >= needed).then_some(hold)
     }
 
     /// Sends a held ack on its own (the reserve ends without another attempt), answering
@@ -358,21 +376,24 @@ impl Drop for ReserveOutcome<'_> {
     }
 }
 
-/// An ack a reserve carries, until it goes into the log. If the reserve is dropped while
-/// holding it (the client went away), the ack is still sent, in a task of its own: the
-/// consumer had finished the job, and an ack lost would deliver it again after its ttr.
-struct HeldAck<'a> {
+/// The ack a reserve carries, until it goes into the log. Should the reserve end without
+/// sending it (the client went away while it was held, or an error ended the reserve), it
+/// is still sent, in a task of its own: the consumer had finished the job, and an ack lost
+/// would deliver the job again after its ttr.
+struct PendingAck<'a> {
     service: &'a Service,
     command: Option<Command>,
 }
 
-impl Drop for HeldAck<'_> {
+impl Drop for PendingAck<'_> {
     fn drop(&mut self) {
         let Some(ack) = self.command.take() else { return };
+        // No runtime (it is shutting down): nothing can be sent any more.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let service = self.service.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             if let Err(e) = service.write(vec![ack]).await {
-                tracing::warn!(error = %e, "cannot send the ack of a reserve whose caller is gone");
+                tracing::warn!(error = %e, "cannot send the ack of a reserve that ended without it");
             }
         });
     }
