@@ -108,11 +108,11 @@ impl Service {
             command: ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease }),
         };
         let mut acked = None;
-        // When a held ack must go at the latest; `None` while no ack is held.
-        let mut ack_due = None;
-        if let Some(hold) = self.ack_hold(ack.command.as_ref(), &queues, wait).await {
-            ack_due = Some((started + hold).min(deadline));
-        }
+        // When a held ack must go at the latest; `None` when the ack is not held.
+        let ack_due = self
+            .ack_hold(ack.command.as_ref(), &queues, wait)
+            .await
+            .map(|hold| (started + hold).min(deadline));
         // The first attempt goes to the leader, which answers "nothing ready" from its own
         // (current) state without a log entry, so a follower needs no read-index round trip
         // first. Later attempts follow this replica's wake-ups: a job made ready anywhere
