@@ -168,6 +168,31 @@ impl TestNode {
     async fn stop(self) {
         self.node.shutdown().await;
     }
+
+    /// A GET in a task of its own, for a request that is to wait while the test goes on.
+    fn spawn_get(&self, uri: String) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+        let client = Client { router: self.node.router() };
+        tokio::spawn(async move { client.get(&uri).await })
+    }
+
+    /// Waits until exactly `n` reserves are parked on the node (`delayd_reserves_waiting`).
+    async fn await_parked(&self, n: u64) {
+        let want = format!("delayd_reserves_waiting {n}\n");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.node.metrics().render(self.node.cluster()).unwrap().contains(&want) {
+            assert!(Instant::now() < deadline, "never {want}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until `uri` answers 404 (the job it names is gone).
+    async fn await_gone(&self, uri: &str, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.get(uri).await.0 != StatusCode::NOT_FOUND {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 impl std::ops::Deref for TestNode {
@@ -353,37 +378,21 @@ async fn reserve_acks_the_previous_job_in_the_same_request() {
 }
 
 /// A reserve that carries `ack=` and finds nothing ready holds the ack (`ack_hold`) and sends
-/// it in the entry of the reserve a job wakes: one entry per consumed job instead of two. A
-/// held ack still goes when the hold ends, when the wait ends, when the caller goes away and
+/// it in the entry of the reserve a job wakes, instead of in an entry of its own. A held ack still goes when the hold ends, when the wait ends, when the caller goes away and
 /// when the node drains; one whose lease is too short to outlast the hold goes at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_reserve_holds_its_ack_for_the_entry_that_takes_a_job() {
     // A hold no slow machine outlasts by accident; each step below ends it on purpose.
     let config = Config { ack_hold: Duration::from_secs(10), ..Config::default() };
     let t = TestNode::start_with(config).await;
-    let parked = |n: u64| {
-        let want = format!("delayd_reserves_waiting {n}\n");
-        let t = &t;
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !t.node.metrics().render(t.node.cluster()).unwrap().contains(&want) {
-                assert!(Instant::now() < deadline, "never {want}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    let spawn_get = |uri: String| {
-        let client = Client { router: t.node.router() };
-        tokio::spawn(async move { client.get(&uri).await })
-    };
     let lease_of = |job: &Value| job["lease"].as_str().unwrap().to_string();
 
     // Held until a job comes, then sent with the reserve that takes it.
     let first = t.publish(Q, "a").await;
     let lease = lease_of(&t.reserve(Q).await);
     let applied = t.applied().await;
-    let waiting = spawn_get(format!("{Q}?ack={first}&ack_lease={lease}&timeout=30"));
-    parked(1).await;
+    let waiting = t.spawn_get(format!("{Q}?ack={first}&ack_lease={lease}&timeout=30"));
+    t.await_parked(1).await;
     assert_eq!(t.applied().await, applied, "the ack is held, not written");
     assert_eq!(t.counts(Q).await["reserved"], 1);
     let second = t.publish(Q, "b").await;
@@ -397,8 +406,8 @@ async fn a_waiting_reserve_holds_its_ack_for_the_entry_that_takes_a_job() {
     let lease = lease_of(&v);
     let applied = t.applied().await;
     let started = Instant::now();
-    let waiting = spawn_get(format!("{Q}?ack={second}&ack_lease={lease}&timeout=1"));
-    parked(1).await;
+    let waiting = t.spawn_get(format!("{Q}?ack={second}&ack_lease={lease}&timeout=1"));
+    t.await_parked(1).await;
     assert_eq!(t.applied().await, applied, "held while the reserve waits");
     let (status, v) = waiting.await.unwrap();
     assert_eq!(
@@ -411,33 +420,29 @@ async fn a_waiting_reserve_holds_its_ack_for_the_entry_that_takes_a_job() {
     // The caller goes away while the ack is held: it is sent all the same.
     let third = t.publish(Q, "c").await;
     let lease = lease_of(&t.reserve(Q).await);
-    let waiting = spawn_get(format!("{Q}?ack={third}&ack_lease={lease}&timeout=30"));
-    parked(1).await;
+    let waiting = t.spawn_get(format!("{Q}?ack={third}&ack_lease={lease}&timeout=30"));
+    t.await_parked(1).await;
     waiting.abort();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while t.get(&format!("{Q}/job/{third}")).await.0 != StatusCode::NOT_FOUND {
-        assert!(Instant::now() < deadline, "the ack of a dropped reserve was lost");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    parked(0).await;
+    t.await_gone(&format!("{Q}/job/{third}"), "the ack of a dropped reserve was lost").await;
+    t.await_parked(0).await;
 
     // A lease shorter than twice the hold and the request timeout is not held: the ack is
     // written before the wait.
     let fourth = t.publish(Q, "d").await;
     let lease = lease_of(&t.reserve(&format!("{Q}?ttr=15")).await);
     let applied = t.applied().await;
-    let waiting = spawn_get(format!("{Q}?ack={fourth}&ack_lease={lease}&timeout=30"));
-    parked(1).await;
+    let waiting = t.spawn_get(format!("{Q}?ack={fourth}&ack_lease={lease}&timeout=30"));
+    t.await_parked(1).await;
     assert_eq!(t.applied().await, applied + 1, "the ack went before the reserve parked");
     assert_eq!(t.get(&format!("{Q}/job/{fourth}")).await.0, StatusCode::NOT_FOUND);
     waiting.abort();
-    parked(0).await;
+    t.await_parked(0).await;
 
     // Draining answers a waiting reserve at once, and sends the ack it holds first.
     let fifth = t.publish(Q, "e").await;
     let lease = lease_of(&t.reserve(Q).await);
-    let waiting = spawn_get(format!("{Q}?ack={fifth}&ack_lease={lease}&timeout=30"));
-    parked(1).await;
+    let waiting = t.spawn_get(format!("{Q}?ack={fifth}&ack_lease={lease}&timeout=30"));
+    t.await_parked(1).await;
     t.node.service().drain();
     let answer = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
     assert_eq!(answer, (StatusCode::NOT_FOUND, json!({"msg": "no job available", "acked": true})));
@@ -455,16 +460,8 @@ async fn a_held_ack_goes_when_the_hold_ends_and_the_reserve_keeps_waiting() {
     let lease = t.reserve(Q).await["lease"].as_str().unwrap().to_string();
     let applied = t.applied().await;
     let started = Instant::now();
-    let waiting = {
-        let client = Client { router: t.node.router() };
-        let uri = format!("{Q}?ack={first}&ack_lease={lease}&timeout=30");
-        tokio::spawn(async move { client.get(&uri).await })
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while t.get(&format!("{Q}/job/{first}")).await.0 != StatusCode::NOT_FOUND {
-        assert!(Instant::now() < deadline, "the held ack never went");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let waiting = t.spawn_get(format!("{Q}?ack={first}&ack_lease={lease}&timeout=30"));
+    t.await_gone(&format!("{Q}/job/{first}"), "the held ack never went").await;
     assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
     assert!(!waiting.is_finished(), "the reserve keeps waiting after its ack went");
     assert_eq!(t.applied().await, applied + 1, "the ack, with an attempt that found nothing");
@@ -1298,12 +1295,7 @@ async fn ready_until_draining_and_draining_answers_long_polls_at_once() {
         })
     };
     // Parked: the gauge counts it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let parked = || t.node.metrics().render(t.node.cluster()).unwrap();
-    while !parked().contains("delayd_reserves_waiting 1") {
-        assert!(Instant::now() < deadline, "the long-poll never parked");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    t.await_parked(1).await;
 
     t.node.service().drain();
     let (answer, took) = tokio::time::timeout(Duration::from_secs(5), waiting)

@@ -117,9 +117,9 @@ impl Service {
         // (current) state without a log entry, so a follower needs no read-index round trip
         // first. Later attempts follow this replica's wake-ups: a job made ready anywhere
         // reaches every replica's waiters when the replica applies it. A reserve holding its
-        // ack has just seen nothing ready here: it subscribes and looks again instead.
-        let mut ask_leader = ack_due.is_none();
-        let mut looked = ack_due.is_some();
+        // ack has just seen nothing ready here: its first round only subscribes, and the
+        // next looks again.
+        let mut first_round = true;
         loop {
             // Register before looking, so a job made ready in between still wakes us. The
             // first attempt needs none: a job made ready after the leader's answer reaches
@@ -133,13 +133,15 @@ impl Service {
             for w in &mut woken {
                 w.as_mut().enable();
             }
-            let ack_overdue =
-                ack.command.is_some() && ack_due.is_none_or(|due| Instant::now() >= due);
-            let attempt = ask_leader
-                || ack_overdue
-                || (!std::mem::take(&mut looked)
-                    && self.read(true, |v| query::anything_ready(v, &queues)).await?);
-            ask_leader = false;
+            // One reading of the clock per round: a held ack falls due by the deadline, so a
+            // round past the deadline always sends it with an attempt.
+            let now = Instant::now();
+            let ack_overdue = ack.command.is_some() && ack_due.is_some_and(|due| now >= due);
+            let attempt = if std::mem::take(&mut first_round) {
+                ack_due.is_none() || ack_overdue
+            } else {
+                ack_overdue || self.read(true, |v| query::anything_ready(v, &queues)).await?
+            };
             if attempt {
                 let (queues, lease_seed) = (queues.clone(), rand::random());
                 let reserve = match order {
@@ -160,12 +162,7 @@ impl Service {
                 if !got.deliveries.is_empty() || Instant::now() >= deadline {
                     return Ok(Reserved { acked, deliveries: got.deliveries });
                 }
-            } else if Instant::now() >= deadline {
-                // A held ack falls due by the deadline, so it went with the attempt above;
-                // should timers disagree by a hair, it still goes before the answer.
-                if let Some(a) = ack.command.take() {
-                    acked = Some(self.ack_alone(a).await?);
-                }
+            } else if now >= deadline {
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             if guard.is_none() {
@@ -186,10 +183,7 @@ impl Service {
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             let _parked = Parked::new(self);
-            let wake_at = match ack_due.filter(|_| ack.command.is_some()) {
-                Some(due) => due.min(deadline),
-                None => deadline,
-            };
+            let wake_at = ack_due.filter(|_| ack.command.is_some()).unwrap_or(deadline);
             tokio::select! {
                 _ = select_all(woken) => {}
                 _ = tokio::time::sleep_until(wake_at) => {}
@@ -246,8 +240,7 @@ impl Service {
     /// Sends a held ack on its own (the reserve ends without another attempt), answering
     /// whether it removed the job.
     async fn ack_alone(&self, ack: Command) -> Result<bool, ServiceError> {
-        let outcome = self.write(vec![ack]).await?.pop();
-        Ok(matches!(outcome, Some(Ok(Reply::Removed(true)))))
+        Ok(self.write(vec![ack]).await?.pop().is_some_and(|o| removed(&o)))
     }
 
     /// Reserves one job by id, out of line, if it is ready, delayed or dead (beanstalkd's
@@ -350,11 +343,17 @@ impl Service {
 fn reserved(mut outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
     // The reserve comes last, after the ack when there is one.
     let outcome = outcomes.pop().ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
-    let acked = outcomes.pop().map(|ack| matches!(ack, Ok(Reply::Removed(true))));
+    let acked = outcomes.pop().map(|ack| removed(&ack));
     match outcome? {
         Reply::Reserved(deliveries) => Ok(Reserved { acked, deliveries }),
         r => Err(unexpected(r)),
     }
+}
+
+/// Whether an ack's outcome removed its job. A rejected ack (its lease is no longer the
+/// job's) removed nothing.
+fn removed(outcome: &Outcome) -> bool {
+    matches!(outcome, Ok(Reply::Removed(true)))
 }
 
 /// The receiving end of a reserve's outcome. Dropped before it was read (the caller went
