@@ -50,6 +50,22 @@ pub fn decode_job(bytes: &[u8]) -> Result<crate::Job, KvError> {
     }
 }
 
+/// Decodes only the queue of a stored job record (of any version), without copying its body:
+/// a record starts with the job's id and queue.
+pub fn decode_job_queue(bytes: &[u8]) -> Result<crate::QueueName, KvError> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        _id: crate::JobId,
+        queue: crate::QueueName,
+    }
+    match bytes.split_first() {
+        // postcard reads a prefix and ignores the rest of the record.
+        Some((1 | 2, rest)) => from_postcard::<Head>(rest).map(|h| h.queue),
+        Some((v, _)) => Err(KvError(format!("unknown encoding version {v}"))),
+        None => Err(KvError("empty value".into())),
+    }
+}
+
 fn from_postcard<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, KvError> {
     postcard::from_bytes(bytes).map_err(|e| KvError(format!("corrupt value: {e}")))
 }

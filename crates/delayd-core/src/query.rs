@@ -3,8 +3,10 @@
 //! These never change state, so they run outside the log against a snapshot of the local
 //! replica (made linearizable by the caller when it needs to be).
 
-use crate::codec::{decode, decode_job};
-use crate::keys::{self, KeyRecord, META_CLOCK};
+use std::collections::BTreeMap;
+
+use crate::codec::{decode, decode_job, decode_job_queue};
+use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK};
 use crate::kv::{Cf, KvError, KvRead};
 use crate::model::{Job, JobId, QueueMeta, QueueName, Schedule, TokenRecord, Webhook};
 
@@ -284,6 +286,35 @@ pub fn next_deadline(kv: &impl KvRead) -> Result<Option<u64>, KvError> {
     Ok(next)
 }
 
+/// The queues that a tick at `now_ms` firing at most `limit` timers may make jobs ready in,
+/// with how many each: the due timers of delayed jobs coming due and of leases running out,
+/// among the first `limit` due, counted by their job's queue until `enough` are found.
+/// An upper bound: a lease that ends in the dead letter is counted too.
+pub fn due_ready_by_queue(
+    kv: &impl KvRead,
+    now_ms: u64,
+    limit: u32,
+    enough: u64,
+) -> Result<BTreeMap<QueueName, u64>, KvError> {
+    let floor = kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.unwrap_or_default();
+    let end = keys::timer(now_ms.saturating_add(1), TimerKind::Expire, JobId(0));
+    let (mut seen, mut ids) = (0u32, Vec::new());
+    kv.scan(Cf::Timers, &floor, &end, &mut |k, _| {
+        if let Some((_, TimerKind::Due | TimerKind::Lease, id)) = keys::parse_timer(k) {
+            ids.push(id);
+        }
+        seen += 1;
+        seen < limit && (ids.len() as u64) < enough
+    })?;
+    let mut due = BTreeMap::new();
+    for id in ids {
+        if let Some(v) = kv.get(Cf::Jobs, &id.to_bytes())? {
+            *due.entry(decode_job_queue(&v)?).or_default() += 1;
+        }
+    }
+    Ok(due)
+}
+
 /// The replicated clock: the latest `now_ms` applied.
 pub fn clock(kv: &impl KvRead) -> Result<u64, KvError> {
     Ok(kv
@@ -415,6 +446,53 @@ mod tests {
             .into_iter()
             .map(|(q, m)| (q.to_string(), m.counts, m.paused))
             .collect()
+    }
+
+    #[test]
+    fn due_ready_by_queue_counts_what_a_tick_would_make_ready() {
+        let mut kv = MemKv::default();
+        let mut expiring = new_job(4, 0);
+        expiring.ttl_ms = Some(5); // an Expire timer at 1_005, which makes nothing ready
+        run(
+            &mut kv,
+            1_000,
+            vec![
+                publish("ns", "a", 1, 10),
+                publish("ns", "b", 2, 20),
+                publish("ns", "a", 3, 500),
+                Command::Publish { queue: QueueName::new("ns", "a"), job: expiring },
+                publish("ns", "a", 5, 0),
+            ],
+        );
+        // A reservation whose lease (ttr 1 s) runs out at 2_001.
+        run(
+            &mut kv,
+            1_001,
+            vec![Command::Reserve {
+                queues: vec![QueueName::new("ns", "a")],
+                count: 1,
+                ttr_ms: None,
+                lease_seed: 7,
+            }],
+        );
+        let due = |kv: &MemKv, now, limit, enough| -> Vec<(String, u64)> {
+            due_ready_by_queue(kv, now, limit, enough)
+                .unwrap()
+                .into_iter()
+                .map(|(q, n)| (q.to_string(), n))
+                .collect()
+        };
+        let a = |n| ("ns/a".to_string(), n);
+        let b = |n| ("ns/b".to_string(), n);
+        assert!(due(&kv, 1_009, 100, 100).is_empty(), "only the expiry is due");
+        assert_eq!(due(&kv, 1_010, 100, 100), [a(1)]);
+        assert_eq!(due(&kv, 1_020, 100, 100), [a(1), b(1)]);
+        assert_eq!(due(&kv, 1_020, 2, 100), [a(1)], "the limit counts the expiry");
+        assert_eq!(due(&kv, 1_020, 100, 1), [a(1)], "enough found");
+        assert_eq!(due(&kv, 3_000, 100, 100), [a(3), b(1)], "the lease as well");
+        // Fired timers are not counted again.
+        run(&mut kv, 1_020, vec![Command::Tick { limit: 100 }]);
+        assert!(due(&kv, 1_020, 100, 100).is_empty());
     }
 
     #[test]

@@ -34,6 +34,7 @@ use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
 use crate::relay::{Relay, RelayStats};
+use crate::riders::Riders;
 use crate::server::{self, ForwardHandler, LeaderContact, Services};
 
 /// What the node's owner wants to hear about the replicated state.
@@ -59,6 +60,7 @@ struct Inner {
     reader: StateReader,
     inbox: SnapshotInbox,
     proposer: Proposer,
+    riders: Arc<Riders>,
     network: GrpcNetwork,
     relay: Relay,
     shutdown: watch::Sender<bool>,
@@ -177,6 +179,7 @@ impl Cluster {
             }));
         }
         let clock = Clock::default();
+        let riders = Arc::new(Riders::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (proposer, proposer_task) =
             Proposer::spawn(raft.clone(), clock.clone(), config.proposer, shutdown_rx.clone());
@@ -197,6 +200,7 @@ impl Cluster {
                 proposer.clone(),
                 clock.clone(),
                 signal,
+                riders.clone(),
                 config.tick_limit,
                 shutdown_rx,
             )),
@@ -209,6 +213,7 @@ impl Cluster {
                 reader,
                 inbox,
                 proposer,
+                riders,
                 network,
                 relay,
                 shutdown,
@@ -377,6 +382,12 @@ impl Cluster {
     /// means the leader it names may be gone.
     pub fn since_leader_contact(&self) -> Option<Duration> {
         self.inner.contact.elapsed()
+    }
+
+    /// Where a reserve parked on this node leaves its commands to ride the timer pump's
+    /// next tick (taken only while this node leads).
+    pub fn riders(&self) -> &Riders {
+        &self.inner.riders
     }
 
     /// The replica's read handle (for reads that manage their own consistency).

@@ -8,7 +8,9 @@
 //! - the **proposer** ([`propose`]): stamps time, then coalesces concurrent commands into one
 //!   log entry per Raft round, so throughput follows the number of waiting clients;
 //! - the **timer pump** ([`pump`]): on the leader only, sleeps until the earliest deadline in
-//!   the timer index and proposes a bounded `Tick`;
+//!   the timer index and proposes a bounded `Tick`, which carries reserves parked on the
+//!   leader for the queues it makes jobs ready in ([`riders`]), so those are delivered in
+//!   the tick's own entry;
 //! - **routing** ([`Cluster::propose`], [`Cluster::read_barrier`]): any node accepts any
 //!   operation and sends what only the leader can do to it over the internal `Forward` RPC
 //!   ([`forward`]), retrying only when nothing can have been written; a follower's
@@ -51,6 +53,7 @@ pub mod network;
 pub mod propose;
 pub mod pump;
 pub mod relay;
+pub mod riders;
 pub mod server;
 pub mod tls;
 
@@ -60,3 +63,4 @@ pub use error::ClusterError;
 pub use forward::{ForwardOp, NodeStatus};
 pub use metrics::ReplicationMetrics;
 pub use propose::ProposerConfig;
+pub use riders::{RideOutcome, Rider, Riders};

@@ -65,6 +65,7 @@ pub struct ProposerConfig {
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    max_batch: usize,
     max_entry_bytes: usize,
     timeout: Duration,
     /// One permit per byte of request queued or in flight.
@@ -91,6 +92,7 @@ impl Proposer {
         let pending_bytes = Arc::new(Semaphore::new(config.max_entry_bytes * PENDING_ENTRIES));
         let proposer = Proposer {
             tx,
+            max_batch: config.max_batch,
             max_entry_bytes: config.max_entry_bytes,
             timeout: config.timeout,
             pending_bytes,
@@ -137,6 +139,16 @@ impl Proposer {
             Ok(Err(_)) => Err(ClusterError::Unavailable("node is shutting down".into())),
             Err(_) => Err(not_committed(self.timeout)),
         }
+    }
+
+    /// Most commands one entry holds.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Most bytes of commands one entry holds.
+    pub fn max_entry_bytes(&self) -> usize {
+        self.max_entry_bytes
     }
 
     /// Proposes one command.

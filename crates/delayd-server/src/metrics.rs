@@ -276,8 +276,9 @@ impl Metrics {
             reserve_attempts: b.counter(
                 "delayd_reserve_attempts_total",
                 "Reserve attempts this node's consumers sent to the leader, by whether they \
-                 took a job (delivered) or found the queues empty (empty).",
-                &["outcome"],
+                 took a job (delivered) or found the queues empty (empty), and whether they \
+                 went on their own (own) or rode the timer pump's tick (tick).",
+                &["outcome", "entry"],
             )?,
             jobs_events,
             timer_lateness: b.add(Histogram::with_opts(
@@ -471,10 +472,12 @@ impl Metrics {
         self.reserves_waiting.add(delta);
     }
 
-    /// Counts one reserve attempt sent to the leader, by whether it took a job.
-    pub(crate) fn reserve_attempt(&self, delivered: bool) {
+    /// Counts one reserve attempt sent to the leader, by whether it took a job and whether
+    /// it rode a tick.
+    pub(crate) fn reserve_attempt(&self, delivered: bool, rode: bool) {
         let outcome = if delivered { "delivered" } else { "empty" };
-        self.reserve_attempts.with_label_values(&[outcome]).inc();
+        let entry = if rode { "tick" } else { "own" };
+        self.reserve_attempts.with_label_values(&[outcome, entry]).inc();
     }
 
     /// Counts one catch-up with the leader for unknown tokens (see `service/auth.rs`).

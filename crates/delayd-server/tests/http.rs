@@ -471,6 +471,46 @@ async fn a_held_ack_goes_when_the_hold_ends_and_the_reserve_keeps_waiting() {
     t.stop().await;
 }
 
+/// A reserve parked on the leader rides the timer pump's tick: the job the tick makes ready
+/// is delivered in the tick's own entry, with the ack the reserve holds, not in an entry of
+/// the reserve's own after the tick's. A reserve of a queue with nothing due stays parked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_reserve_rides_the_tick_that_makes_its_job_ready() {
+    let config = Config { ack_hold: Duration::from_secs(10), ..Config::default() };
+    let t = TestNode::start_with(config).await;
+    let rides = |outcome: &str| {
+        let metrics = t.node.metrics().render(t.node.cluster()).unwrap();
+        let line =
+            format!("delayd_reserve_attempts_total{{entry=\"tick\",outcome=\"{outcome}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&line)?.parse::<u64>().ok()).unwrap_or(0)
+    };
+    // Parked first, so the delayed job comes due while they wait, however slow the machine.
+    let idle = t.spawn_get("/api/ns/idle?timeout=30".to_string());
+    let waiting = t.spawn_get(format!("{Q}?timeout=30"));
+    t.await_parked(2).await;
+    let applied = t.applied().await;
+    let first = t.publish(&format!("{Q}?delay_ms=300"), "a").await;
+    let (status, v) = waiting.await.unwrap();
+    assert_eq!((status, &v["job_id"]), (StatusCode::OK, &json!(first)));
+    assert_eq!(t.applied().await, applied + 2, "the publish, then the tick with the reserve");
+    assert_eq!((rides("delivered"), rides("empty")), (1, 0), "the idle queue's reserve stayed");
+
+    // With the ack the reserve holds.
+    let lease = v["lease"].as_str().unwrap().to_string();
+    let waiting = t.spawn_get(format!("{Q}?ack={first}&ack_lease={lease}&timeout=30"));
+    t.await_parked(2).await;
+    let applied = t.applied().await;
+    let second = t.publish(&format!("{Q}?delay_ms=300"), "b").await;
+    let (status, v) = waiting.await.unwrap();
+    assert_eq!((status, &v["job_id"], &v["acked"]), (StatusCode::OK, &json!(second), &json!(true)));
+    assert_eq!(t.applied().await, applied + 2, "the publish, then the tick, ack and reserve");
+    assert_eq!(t.get(&format!("{Q}/job/{first}")).await.0, StatusCode::NOT_FOUND);
+    assert_eq!((rides("delivered"), rides("empty")), (2, 0));
+    assert!(!idle.is_finished(), "the idle queue's reserve still waits");
+    idle.abort();
+    t.stop().await;
+}
+
 // ---- time ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,13 +2,16 @@
 //! acking the previous job in the same round trip.
 //!
 //! A reserve that finds nothing parks on the [`super::waiters`] of its queues, which the
-//! apply path wakes when an entry makes jobs ready there. Deliveries whose caller has gone
+//! apply path wakes when an entry makes jobs ready there. On the leader it also rides the
+//! timer pump's next tick ([`delayd_raft::riders`]), which delivers jobs coming due in the
+//! tick's own entry. Deliveries whose caller has gone
 //! by the time the entry commits are released at once, never left leased for their ttr.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use delayd_core::{query, Command, Delivery, JobId, Outcome, QueueName, Reply};
+use delayd_raft::{RideOutcome, Rider};
 use futures::future::select_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -143,21 +146,13 @@ impl Service {
                 ack_overdue || self.read(true, |v| query::anything_ready(v, &queues)).await?
             };
             if attempt {
-                let (queues, lease_seed) = (queues.clone(), rand::random());
-                let reserve = match order {
-                    ReserveOrder::QueueOrder => {
-                        Command::Reserve { queues, count, ttr_ms, lease_seed }
-                    }
-                    ReserveOrder::MostUrgent => {
-                        Command::ReserveUrgent { queues, count, ttr_ms, lease_seed }
-                    }
-                };
+                let reserve = reserve_command(&queues, count, ttr_ms, order);
                 let commands = match ack.command.take() {
                     Some(a) => vec![a, reserve],
                     None => vec![reserve],
                 };
                 let got = self.reserve_once(commands).await?;
-                self.metrics().reserve_attempt(!got.deliveries.is_empty());
+                self.metrics().reserve_attempt(!got.deliveries.is_empty(), false);
                 acked = acked.or(got.acked);
                 if !got.deliveries.is_empty() || Instant::now() >= deadline {
                     return Ok(Reserved { acked, deliveries: got.deliveries });
@@ -183,12 +178,62 @@ impl Service {
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             let _parked = Parked::new(self);
+            // Before the ride below takes the held ack: while it is held, its hold's end
+            // wakes the reserve.
             let wake_at = ack_due.filter(|_| ack.command.is_some()).unwrap_or(deadline);
-            tokio::select! {
-                _ = select_all(woken) => {}
-                _ = tokio::time::sleep_until(wake_at) => {}
-                _ = drain.changed() => {}
+            // On the leader the reserve, with its held ack, rides the timer pump's next tick,
+            // which delivers in its own entry instead of waking us to propose another.
+            let mut ride = self.inner.cluster.is_leader().then(|| {
+                let reserve = reserve_command(&queues, count, ttr_ms, order);
+                Ride::park(self, &queues, ack.command.take(), reserve, count)
+            });
+            let rode = tokio::select! {
+                _ = select_all(woken) => None,
+                _ = tokio::time::sleep_until(wake_at) => None,
+                _ = drain.changed() => None,
+                got = async {
+                    match ride.as_mut() {
+                        Some(ride) => ride.outcome().await,
+                        None => std::future::pending().await,
+                    }
+                } => Some(got),
+            };
+            let Some(mut ride) = ride else { continue };
+            let got = match rode {
+                Some(got) => got,
+                // It never rode: the ack is held again, and the round looks again.
+                None if ride.withdraw() => {
+                    ack.command = ride.ack.take();
+                    continue;
+                }
+                // Taken by the pump: its entry is on the way (bounded by the proposer's
+                // timeout), and the jobs it delivers are ours.
+                None => ride.outcome().await,
+            };
+            let got = match got {
+                Ok(got) => got,
+                // This node stopped leading before the tick was proposed: nothing was
+                // written, so the reserve goes on as a waiter, its ack held again.
+                Err(ServiceError::NotLeader(_)) => {
+                    ack.command = ride.ack.take();
+                    continue;
+                }
+                // The tick's outcome is unknown. Without an ack there is nothing to tell: the
+                // reserve waits on (should the entry have leased it jobs, they come back when
+                // their ttr ends). An ack's outcome, the consumer must hear.
+                Err(ServiceError::Unavailable(e)) if ride.ack.is_none() => {
+                    tracing::debug!(error = %e, "a reserve's ride failed; it waits on");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            self.metrics().reserve_attempt(!got.deliveries.is_empty(), true);
+            acked = acked.or(got.acked);
+            if !got.deliveries.is_empty() {
+                return Ok(Reserved { acked, deliveries: got.deliveries });
             }
+            // Nothing for it after all (the due lease sent its job to the dead letter, or an
+            // earlier rider took the job): carry on as a waiter woken for nothing.
         }
     }
 
@@ -297,10 +342,7 @@ impl Service {
                 Ok(outcomes) => reserved(outcomes),
                 Err(e) => Err(e),
             };
-            // The caller went away before the outcome: nobody will deliver these.
-            if let Err(Ok(undelivered)) = tx.send(got) {
-                service.return_deliveries(undelivered.deliveries).await;
-            }
+            hand_over(&service, tx, got);
         });
         let mut outcome = ReserveOutcome { rx: Some(rx), service: self };
         let rx = outcome.rx.as_mut().ok_or_else(|| ServiceError::Internal("no receiver".into()))?;
@@ -338,6 +380,107 @@ impl Service {
     }
 }
 
+/// One reserve attempt's command, with a fresh lease seed.
+fn reserve_command(
+    queues: &[QueueName],
+    count: u32,
+    ttr_ms: Option<u64>,
+    order: ReserveOrder,
+) -> Command {
+    let (queues, lease_seed) = (queues.to_vec(), rand::random());
+    match order {
+        ReserveOrder::QueueOrder => Command::Reserve { queues, count, ttr_ms, lease_seed },
+        ReserveOrder::MostUrgent => Command::ReserveUrgent { queues, count, ttr_ms, lease_seed },
+    }
+}
+
+/// A parked reserve riding the timer pump's next tick ([`delayd_raft::riders`]): its
+/// commands wait with the pump until a tick takes them or the reserve withdraws them.
+///
+/// Dropped while still parked (the client went away), it withdraws them and still sends the
+/// ack among them, as [`PendingAck`] would; dropped after the pump took them, the
+/// deliveries are returned, as for any reserve whose caller has gone ([`ReserveOutcome`]).
+struct Ride<'a> {
+    service: &'a Service,
+    /// Its place with the pump, until it is withdrawn.
+    ticket: Option<u64>,
+    /// The ack that rides with the reserve (a copy; the pump holds the command).
+    ack: Option<Command>,
+    outcome: ReserveOutcome<'a>,
+}
+
+impl<'a> Ride<'a> {
+    /// Parks `reserve` of `queues`, after `ack` when there is one, with the pump.
+    fn park(
+        service: &'a Service,
+        queues: &[QueueName],
+        ack: Option<Command>,
+        reserve: Command,
+        jobs: u32,
+    ) -> Ride<'a> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let owner = service.clone();
+        let deliver = move |outcomes: RideOutcome| {
+            hand_over(&owner, tx, outcomes.map_err(ServiceError::from).and_then(reserved));
+        };
+        let commands = ack.iter().cloned().chain([reserve]).collect();
+        let rider = Rider { queues: queues.to_vec(), commands, jobs, deliver: Box::new(deliver) };
+        Ride {
+            service,
+            ticket: Some(service.inner.cluster.riders().park(rider)),
+            ack,
+            outcome: ReserveOutcome { rx: Some(rx), service },
+        }
+    }
+
+    /// Waits for the ride's outcome: once the pump took it, it comes within the proposer's
+    /// timeout, or the pump's end closes the channel (the outcome is then unknown).
+    async fn outcome(&mut self) -> Result<Reserved, ServiceError> {
+        let rx =
+            self.outcome.rx.as_mut().ok_or_else(|| ServiceError::Internal("no receiver".into()))?;
+        let got = rx.await.map_err(|_| {
+            ServiceError::Unavailable("the timer pump stopped; the outcome is unknown".into())
+        });
+        self.outcome.rx = None;
+        got?
+    }
+
+    /// Takes the commands back from the pump, if it has not taken them: `true` when it had
+    /// not, and the ack in [`Ride::ack`] is the caller's to send again; `false` when it had,
+    /// and the outcome is coming.
+    fn withdraw(&mut self) -> bool {
+        let Some(ticket) = self.ticket.take() else { return false };
+        self.service.inner.cluster.riders().withdraw(ticket).is_some()
+    }
+}
+
+impl Drop for Ride<'_> {
+    fn drop(&mut self) {
+        if self.withdraw() {
+            drop(PendingAck { service: self.service, command: self.ack.take() });
+        }
+    }
+}
+
+/// Hands a reserve's outcome to its caller, or, when the caller has gone, returns the jobs
+/// it was given (in a task of its own): nobody else will deliver them.
+fn hand_over(
+    service: &Service,
+    tx: tokio::sync::oneshot::Sender<Result<Reserved, ServiceError>>,
+    got: Result<Reserved, ServiceError>,
+) {
+    if let Err(Ok(undelivered)) = tx.send(got) {
+        spawn_return(service, undelivered.deliveries);
+    }
+}
+
+/// Returns `deliveries` in a task of its own, if a runtime is still there to run it.
+fn spawn_return(service: &Service, deliveries: Vec<Delivery>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let service = service.clone();
+    runtime.spawn(async move { service.return_deliveries(deliveries).await });
+}
+
 /// The outcomes of a reserve, possibly after an ack: whether the ack removed its job, and
 /// the deliveries. A rejected ack (its lease is no longer the job's) removed nothing.
 fn reserved(mut outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
@@ -369,8 +512,7 @@ impl Drop for ReserveOutcome<'_> {
         let Some(mut rx) = self.rx.take() else { return };
         rx.close();
         if let Ok(Ok(undelivered)) = rx.try_recv() {
-            let service = self.service.clone();
-            tokio::spawn(async move { service.return_deliveries(undelivered.deliveries).await });
+            spawn_return(self.service, undelivered.deliveries);
         }
     }
 }

@@ -1,0 +1,229 @@
+//! Riders: reserves parked on the leader that go into the timer pump's next tick entry.
+//!
+//! A long-poll parked on the leader used to learn of a job coming due only once the tick
+//! that made it ready had been committed and applied; its reserve then went into a log entry
+//! of its own, a second commit round (fsyncs and a quorum round trip) between the due time
+//! and the delivery. A parked reserve can instead *ride*: it leaves its commands here (the
+//! reserve, after the ack it holds, if any), and the pump appends them to its next `Tick`.
+//! They apply right after the tick, in the same entry, so the jobs the tick made ready reach
+//! those consumers one commit after they came due, in no entry of their own.
+//!
+//! The pump counts, per queue, the due timers that can make a job ready
+//! ([`delayd_core::query::due_ready_by_queue`]) and takes riders of those queues, the
+//! longest-parked first, until their reserves ask for that many jobs. A rider of a queue with
+//! nothing due stays parked. The count is an upper bound (a lease that runs out may send its
+//! job to the dead letter), so a rider can still come back with nothing; it then carries on
+//! as a waiter woken for nothing would. A tick carries at most [`MAX_RIDERS_PER_TICK`]
+//! riders, within the byte and command budget the pump gives it.
+//!
+//! The pump answers every rider it takes at most once, with the entry's outcomes or the
+//! error that stopped it; should the pump's task end first, the rider's `deliver` is dropped
+//! uncalled, which its owner must read as "outcome unknown". A rider its owner withdrew never
+//! reaches an entry. Only the leader's pump takes riders.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use delayd_core::{Command, Outcome, QueueName};
+
+use crate::error::ClusterError;
+
+/// Most riders one tick entry carries. Far more long-polls than this rarely wait on one
+/// leader; the rest ride the next tick or are woken by this one's apply, as before.
+pub const MAX_RIDERS_PER_TICK: usize = 256;
+
+/// What a rider's owner is told: the outcomes of its commands, in order, or why the entry
+/// did not go through.
+pub type RideOutcome = Result<Vec<Outcome>, ClusterError>;
+
+/// A parked reserve's commands and where their outcomes go.
+pub struct Rider {
+    /// The queues its reserve takes from.
+    pub queues: Vec<QueueName>,
+    /// The commands, applied after the tick in this order.
+    pub commands: Vec<Command>,
+    /// How many jobs its reserve asks for.
+    pub jobs: u32,
+    /// Called at most once with the outcomes of `commands` (from the pump's task: be quick).
+    pub deliver: Box<dyn FnOnce(RideOutcome) + Send>,
+}
+
+impl std::fmt::Debug for Rider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rider").field("commands", &self.commands).field("jobs", &self.jobs).finish()
+    }
+}
+
+/// The riders parked on this node, by ticket: in the order they parked.
+#[derive(Default)]
+pub struct Riders {
+    parked: Mutex<Parked>,
+}
+
+#[derive(Default)]
+struct Parked {
+    next_ticket: u64,
+    riders: BTreeMap<u64, Rider>,
+    /// The jobs the parked riders ask for together.
+    demand: u64,
+}
+
+impl Riders {
+    /// Parks `rider` until the pump takes it or its owner withdraws it; returns its ticket.
+    pub fn park(&self, rider: Rider) -> u64 {
+        let mut parked = self.lock();
+        let ticket = parked.next_ticket;
+        parked.next_ticket += 1;
+        parked.demand = parked.demand.saturating_add(u64::from(rider.jobs));
+        parked.riders.insert(ticket, rider);
+        ticket
+    }
+
+    /// Takes a parked rider back. `None`: the pump has taken it, and its `deliver` is called
+    /// (or about to be) with the outcome.
+    pub fn withdraw(&self, ticket: u64) -> Option<Rider> {
+        let mut parked = self.lock();
+        let rider = parked.riders.remove(&ticket)?;
+        parked.demand = parked.demand.saturating_sub(u64::from(rider.jobs));
+        Some(rider)
+    }
+
+    /// How many jobs the parked riders ask for together (0: none is parked).
+    pub fn demand(&self) -> u64 {
+        self.lock().demand
+    }
+
+    /// The longest-parked riders of the queues in `due`, each taken while one of its queues
+    /// has due jobs left, which its reserve's count then uses up. Stops at
+    /// [`MAX_RIDERS_PER_TICK`] riders, `max_commands` commands or `max_bytes` bytes of them
+    /// (a rider that does not fit is passed over). Each taken rider must be delivered.
+    pub(crate) fn take(
+        &self,
+        due: &mut BTreeMap<QueueName, u64>,
+        max_commands: usize,
+        max_bytes: usize,
+    ) -> Vec<Rider> {
+        let mut guard = self.lock();
+        let parked = &mut *guard;
+        let (mut commands, mut bytes, mut taken) = (0usize, 0usize, Vec::new());
+        let mut tickets = Vec::new();
+        for (ticket, rider) in &parked.riders {
+            if taken.len() + tickets.len() >= MAX_RIDERS_PER_TICK || due.values().all(|n| *n == 0) {
+                break;
+            }
+            if !rider.queues.iter().any(|q| due.get(q).is_some_and(|n| *n > 0)) {
+                continue;
+            }
+            let size: usize = rider.commands.iter().map(Command::size_bytes).sum();
+            if commands + rider.commands.len() > max_commands || bytes + size > max_bytes {
+                continue;
+            }
+            commands += rider.commands.len();
+            bytes += size;
+            // Its reserve takes from its queues in order: use up their due jobs likewise.
+            let mut wants = u64::from(rider.jobs);
+            for q in &rider.queues {
+                if let Some(n) = due.get_mut(q) {
+                    let used = wants.min(*n);
+                    *n -= used;
+                    wants -= used;
+                }
+            }
+            tickets.push(*ticket);
+        }
+        for ticket in tickets {
+            if let Some(rider) = parked.riders.remove(&ticket) {
+                parked.demand = parked.demand.saturating_sub(u64::from(rider.jobs));
+                taken.push(rider);
+            }
+        }
+        taken
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Parked> {
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use delayd_core::Reply;
+    use std::sync::Arc;
+
+    fn queue(name: &str) -> QueueName {
+        QueueName::new("ns", name)
+    }
+
+    fn rider(queues: &[&str], jobs: u32, seen: &Arc<Mutex<Vec<u32>>>) -> Rider {
+        let seen = seen.clone();
+        let queues: Vec<_> = queues.iter().map(|q| queue(q)).collect();
+        Rider {
+            commands: vec![Command::Reserve {
+                queues: queues.clone(),
+                count: jobs,
+                ttr_ms: None,
+                lease_seed: 7,
+            }],
+            queues,
+            jobs,
+            deliver: Box::new(move |_| seen.lock().unwrap_or_else(|p| p.into_inner()).push(jobs)),
+        }
+    }
+
+    fn due(queues: &[(&str, u64)]) -> BTreeMap<QueueName, u64> {
+        queues.iter().map(|(q, n)| (queue(q), *n)).collect()
+    }
+
+    #[test]
+    fn the_longest_parked_of_the_due_queues_ride_until_they_ask_for_the_due_jobs() {
+        let (riders, seen) = (Riders::default(), Arc::new(Mutex::new(Vec::new())));
+        for (q, jobs) in [("a", 1), ("b", 5), ("a", 3), ("a", 1), ("a", 1)] {
+            riders.park(rider(&[q], jobs, &seen));
+        }
+        assert_eq!(riders.demand(), 11);
+        // Three jobs due on a, none on b: b's rider stays, a's first two ask for four.
+        let taken = riders.take(&mut due(&[("a", 3)]), usize::MAX, usize::MAX);
+        assert_eq!(taken.iter().map(|r| r.jobs).collect::<Vec<_>>(), [1, 3]);
+        for r in taken {
+            (r.deliver)(Ok(vec![Ok(Reply::Reserved(Vec::new()))]));
+        }
+        assert_eq!(*seen.lock().unwrap_or_else(|p| p.into_inner()), [1, 3]);
+        assert_eq!(riders.demand(), 7, "b's five and two of a's");
+        assert!(riders.take(&mut due(&[]), usize::MAX, usize::MAX).is_empty(), "nothing due");
+        // A reserve over several queues rides for any of them, and uses them up in order.
+        let multi = riders.park(rider(&["c", "a"], 2, &seen));
+        let mut left = due(&[("a", 2), ("c", 1)]);
+        let taken = riders.take(&mut left, usize::MAX, usize::MAX);
+        assert_eq!(taken.iter().map(|r| r.jobs).collect::<Vec<_>>(), [1, 1, 2]);
+        assert_eq!(left, due(&[("a", 0), ("c", 0)]));
+        assert_eq!(riders.demand(), 5, "b's rider is left");
+        assert!(riders.withdraw(multi).is_none(), "taken");
+    }
+
+    #[test]
+    fn a_withdrawn_rider_never_rides_and_a_taken_one_cannot_be_withdrawn() {
+        let (riders, seen) = (Riders::default(), Arc::new(Mutex::new(Vec::new())));
+        let first = riders.park(rider(&["a"], 1, &seen));
+        let second = riders.park(rider(&["a"], 2, &seen));
+        assert!(riders.withdraw(first).is_some());
+        assert_eq!(riders.demand(), 2);
+        let taken = riders.take(&mut due(&[("a", 10)]), usize::MAX, usize::MAX);
+        assert_eq!(taken.len(), 1);
+        assert!(riders.withdraw(second).is_none(), "the pump has it");
+        assert_eq!(riders.demand(), 0);
+    }
+
+    #[test]
+    fn an_entry_holds_only_as_many_riders_as_fit() {
+        let (riders, seen) = (Riders::default(), Arc::new(Mutex::new(Vec::new())));
+        for _ in 0..MAX_RIDERS_PER_TICK + 10 {
+            riders.park(rider(&["a"], 1, &seen));
+        }
+        let mut plenty = due(&[("a", u64::MAX)]);
+        assert_eq!(riders.take(&mut plenty, usize::MAX, usize::MAX).len(), MAX_RIDERS_PER_TICK);
+        let one: usize = rider(&["a"], 1, &seen).commands.iter().map(Command::size_bytes).sum();
+        assert_eq!(riders.take(&mut plenty, usize::MAX, one * 3 + 1).len(), 3, "bytes");
+        assert_eq!(riders.take(&mut plenty, 2, usize::MAX).len(), 2, "commands");
+    }
+}
