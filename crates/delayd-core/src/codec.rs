@@ -50,8 +50,8 @@ pub fn decode_job(bytes: &[u8]) -> Result<crate::Job, KvError> {
     }
 }
 
-/// Decodes only the queue of a stored job record (of any version), without copying its body:
-/// a record starts with the job's id and queue.
+/// Decodes only the queue of a stored job record (of any version), without decoding the rest
+/// (its body above all): a record starts with the job's id and queue.
 pub fn decode_job_queue(bytes: &[u8]) -> Result<crate::QueueName, KvError> {
     #[derive(serde::Deserialize)]
     struct Head {

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use crate::codec::{decode, decode_job, decode_job_queue};
 use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK};
 use crate::kv::{Cf, KvError, KvRead};
+use crate::limits::MAX_WORK_BYTES_PER_COMMAND;
 use crate::model::{Job, JobId, QueueMeta, QueueName, Schedule, TokenRecord, Webhook};
 
 /// The job with this id, if it exists in `queue`.
@@ -286,16 +287,23 @@ pub fn next_deadline(kv: &impl KvRead) -> Result<Option<u64>, KvError> {
     Ok(next)
 }
 
-/// The queues that a tick at `now_ms` firing at most `limit` timers may make jobs ready in,
-/// with how many each: the due timers of delayed jobs coming due and of leases running out,
-/// among the first `limit` due, counted by their job's queue until `enough` are found.
-/// An upper bound: a lease that ends in the dead letter is counted too.
+/// Of the queues in `wanted`, those that a tick at `now_ms` firing at most `limit` timers may
+/// make jobs ready in, with how many each (at most what `wanted` asks of it): the due timers
+/// of delayed jobs coming due and of leases running out, among the first `limit` due, counted
+/// by their job's queue. An upper bound: a lease that ends in the dead letter counts too.
+///
+/// Stops once every wanted queue has its count, or once the job records read pass
+/// [`MAX_WORK_BYTES_PER_COMMAND`] (where the tick itself would stop).
 pub fn due_ready_by_queue(
     kv: &impl KvRead,
     now_ms: u64,
     limit: u32,
-    enough: u64,
+    wanted: &BTreeMap<QueueName, u64>,
 ) -> Result<BTreeMap<QueueName, u64>, KvError> {
+    let mut due = BTreeMap::new();
+    if wanted.is_empty() {
+        return Ok(due);
+    }
     let floor = kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.unwrap_or_default();
     let end = keys::timer(now_ms.saturating_add(1), TimerKind::Expire, JobId(0));
     let (mut seen, mut ids) = (0u32, Vec::new());
@@ -304,12 +312,23 @@ pub fn due_ready_by_queue(
             ids.push(id);
         }
         seen += 1;
-        seen < limit && (ids.len() as u64) < enough
+        seen < limit
     })?;
-    let mut due = BTreeMap::new();
+    let (mut unmet, mut read) = (wanted.len(), 0usize);
     for id in ids {
-        if let Some(v) = kv.get(Cf::Jobs, &id.to_bytes())? {
-            *due.entry(decode_job_queue(&v)?).or_default() += 1;
+        if unmet == 0 || read >= MAX_WORK_BYTES_PER_COMMAND {
+            break;
+        }
+        let Some(v) = kv.get(Cf::Jobs, &id.to_bytes())? else { continue };
+        read += v.len();
+        let queue = decode_job_queue(&v)?;
+        let Some(want) = wanted.get(&queue) else { continue };
+        let n: &mut u64 = due.entry(queue).or_default();
+        if *n < *want {
+            *n += 1;
+            if n == want {
+                unmet -= 1;
+            }
         }
     }
     Ok(due)
@@ -475,24 +494,52 @@ mod tests {
                 lease_seed: 7,
             }],
         );
-        let due = |kv: &MemKv, now, limit, enough| -> Vec<(String, u64)> {
-            due_ready_by_queue(kv, now, limit, enough)
+        let wanted: BTreeMap<_, _> =
+            [(QueueName::new("ns", "a"), 10), (QueueName::new("ns", "b"), 10)].into();
+        let due = |kv: &MemKv, now, limit, wanted: &BTreeMap<QueueName, u64>| {
+            due_ready_by_queue(kv, now, limit, wanted)
                 .unwrap()
                 .into_iter()
                 .map(|(q, n)| (q.to_string(), n))
-                .collect()
+                .collect::<Vec<_>>()
         };
         let a = |n| ("ns/a".to_string(), n);
         let b = |n| ("ns/b".to_string(), n);
-        assert!(due(&kv, 1_009, 100, 100).is_empty(), "only the expiry is due");
-        assert_eq!(due(&kv, 1_010, 100, 100), [a(1)]);
-        assert_eq!(due(&kv, 1_020, 100, 100), [a(1), b(1)]);
-        assert_eq!(due(&kv, 1_020, 2, 100), [a(1)], "the limit counts the expiry");
-        assert_eq!(due(&kv, 1_020, 100, 1), [a(1)], "enough found");
-        assert_eq!(due(&kv, 3_000, 100, 100), [a(3), b(1)], "the lease as well");
+        assert!(due(&kv, 1_009, 100, &wanted).is_empty(), "only the expiry is due");
+        assert_eq!(due(&kv, 1_010, 100, &wanted), [a(1)]);
+        assert_eq!(due(&kv, 1_020, 100, &wanted), [a(1), b(1)]);
+        assert_eq!(due(&kv, 1_020, 2, &wanted), [a(1)], "the limit counts the expiry");
+        assert_eq!(due(&kv, 3_000, 100, &wanted), [a(3), b(1)], "the lease as well");
+        // Only the queues wanted, each up to what it wants, however many of another's come
+        // first.
+        let only_b: BTreeMap<_, _> = [(QueueName::new("ns", "b"), 1)].into();
+        assert_eq!(due(&kv, 3_000, 100, &only_b), [b(1)]);
+        let one_of_a: BTreeMap<_, _> = [(QueueName::new("ns", "a"), 1)].into();
+        assert_eq!(due(&kv, 3_000, 100, &one_of_a), [a(1)]);
+        assert!(due(&kv, 3_000, 100, &BTreeMap::new()).is_empty(), "nobody waits");
         // Fired timers are not counted again.
         run(&mut kv, 1_020, vec![Command::Tick { limit: 100 }]);
-        assert!(due(&kv, 1_020, 100, 100).is_empty());
+        assert!(due(&kv, 1_020, 100, &wanted).is_empty());
+    }
+
+    /// The pump reads a due job's queue without decoding the rest of its record, of either
+    /// encoding version.
+    #[test]
+    fn a_job_records_queue_decodes_from_either_version() {
+        let mut kv = MemKv::default();
+        run(&mut kv, 1_000, vec![publish("ns", "q", 1, 0)]);
+        let v2 = kv.get(Cf::Jobs, &JobId(1).to_bytes()).unwrap().unwrap();
+        assert_eq!(v2[0], 2);
+        assert_eq!(decode_job_queue(&v2).unwrap(), QueueName::new("ns", "q"));
+        // Version 1 is version 2 without the five trailing bytes that zero counters and a
+        // zero number take.
+        let mut job = decode_job(&v2).unwrap();
+        (job.number, job.counters) = (0, Default::default());
+        let zeroed = crate::codec::encode(&job);
+        let v1 = [&[1u8][..], &zeroed[1..zeroed.len() - 5]].concat();
+        assert_eq!(decode_job(&v1).unwrap(), job);
+        assert_eq!(decode_job_queue(&v1).unwrap(), QueueName::new("ns", "q"));
+        assert!(decode_job_queue(&[9, 0]).is_err(), "an unknown version is refused");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use tokio::sync::{watch, Notify};
 use crate::clock::Clock;
 use crate::error::ClusterError;
 use crate::propose::Proposer;
-use crate::riders::{RideOutcome, Rider, Riders, MAX_RIDERS_PER_TICK};
+use crate::riders::{RideOutcome, Rider, Riders};
 
 /// The longest the pump sleeps without re-reading the timer index.
 pub const MAX_SLEEP: Duration = Duration::from_secs(3600);
@@ -171,14 +171,13 @@ fn take_riders(
     tick_limit: u32,
     proposer: &Proposer,
 ) -> Vec<Rider> {
-    let demand = riders.demand();
-    if demand == 0 {
+    let wanted = riders.demand();
+    if wanted.is_empty() {
         return Vec::new();
     }
-    let enough = demand.min(MAX_RIDERS_PER_TICK as u64 * u64::from(MAX_RESERVE_JOBS));
     let due = reader
         .read_view()
-        .and_then(|v| Ok(query::due_ready_by_queue(&v, now_ms, tick_limit, enough)?));
+        .and_then(|v| Ok(query::due_ready_by_queue(&v, now_ms, tick_limit, &wanted)?));
     match due {
         Ok(mut due) => riders.take(
             &mut due,
@@ -191,10 +190,6 @@ fn take_riders(
         }
     }
 }
-
-/// The most jobs one reserve asks for, as far as the pump's reading of the due timers goes:
-/// it stops once the parked riders could take no more.
-const MAX_RESERVE_JOBS: u32 = 1000;
 
 /// A rider's share of the entry: how many outcomes are its own, and where they go.
 type Handout = (usize, Box<dyn FnOnce(RideOutcome) + Send>);

@@ -64,8 +64,24 @@ pub struct Riders {
 struct Parked {
     next_ticket: u64,
     riders: BTreeMap<u64, Rider>,
-    /// The jobs the parked riders ask for together.
-    demand: u64,
+    /// The jobs the parked riders ask for, per queue (a rider of several queues counts on
+    /// each); queues nobody waits on are not kept.
+    demand: BTreeMap<QueueName, u64>,
+}
+
+impl Parked {
+    fn remove(&mut self, ticket: u64) -> Option<Rider> {
+        let rider = self.riders.remove(&ticket)?;
+        for q in &rider.queues {
+            if let Some(n) = self.demand.get_mut(q) {
+                *n = n.saturating_sub(u64::from(rider.jobs.max(1)));
+                if *n == 0 {
+                    self.demand.remove(q);
+                }
+            }
+        }
+        Some(rider)
+    }
 }
 
 impl Riders {
@@ -74,7 +90,10 @@ impl Riders {
         let mut parked = self.lock();
         let ticket = parked.next_ticket;
         parked.next_ticket += 1;
-        parked.demand = parked.demand.saturating_add(u64::from(rider.jobs));
+        for q in &rider.queues {
+            let n = parked.demand.entry(q.clone()).or_default();
+            *n = n.saturating_add(u64::from(rider.jobs.max(1)));
+        }
         parked.riders.insert(ticket, rider);
         ticket
     }
@@ -82,15 +101,12 @@ impl Riders {
     /// Takes a parked rider back. `None`: the pump has taken it, and its `deliver` is called
     /// (or about to be) with the outcome.
     pub fn withdraw(&self, ticket: u64) -> Option<Rider> {
-        let mut parked = self.lock();
-        let rider = parked.riders.remove(&ticket)?;
-        parked.demand = parked.demand.saturating_sub(u64::from(rider.jobs));
-        Some(rider)
+        self.lock().remove(ticket)
     }
 
-    /// How many jobs the parked riders ask for together (0: none is parked).
-    pub fn demand(&self) -> u64 {
-        self.lock().demand
+    /// How many jobs the parked riders ask for, per queue (empty: none is parked).
+    pub fn demand(&self) -> BTreeMap<QueueName, u64> {
+        self.lock().demand.clone()
     }
 
     /// The longest-parked riders of the queues in `due`, each taken while one of its queues
@@ -103,12 +119,16 @@ impl Riders {
         max_commands: usize,
         max_bytes: usize,
     ) -> Vec<Rider> {
-        let mut guard = self.lock();
-        let parked = &mut *guard;
-        let (mut commands, mut bytes, mut taken) = (0usize, 0usize, Vec::new());
-        let mut tickets = Vec::new();
+        let mut parked = self.lock();
+        let (mut commands, mut bytes, mut tickets) = (0usize, 0usize, Vec::new());
+        // Queues with due jobs left: the walk ends when none is.
+        let mut open = due.values().filter(|n| **n > 0).count();
         for (ticket, rider) in &parked.riders {
-            if taken.len() + tickets.len() >= MAX_RIDERS_PER_TICK || due.values().all(|n| *n == 0) {
+            if open == 0
+                || tickets.len() >= MAX_RIDERS_PER_TICK
+                || commands >= max_commands
+                || bytes >= max_bytes
+            {
                 break;
             }
             if !rider.queues.iter().any(|q| due.get(q).is_some_and(|n| *n > 0)) {
@@ -121,23 +141,20 @@ impl Riders {
             commands += rider.commands.len();
             bytes += size;
             // Its reserve takes from its queues in order: use up their due jobs likewise.
-            let mut wants = u64::from(rider.jobs);
+            let mut wants = u64::from(rider.jobs.max(1));
             for q in &rider.queues {
-                if let Some(n) = due.get_mut(q) {
+                if let Some(n) = due.get_mut(q).filter(|n| **n > 0) {
                     let used = wants.min(*n);
                     *n -= used;
                     wants -= used;
+                    if *n == 0 {
+                        open -= 1;
+                    }
                 }
             }
             tickets.push(*ticket);
         }
-        for ticket in tickets {
-            if let Some(rider) = parked.riders.remove(&ticket) {
-                parked.demand = parked.demand.saturating_sub(u64::from(rider.jobs));
-                taken.push(rider);
-            }
-        }
-        taken
+        tickets.into_iter().filter_map(|t| parked.remove(t)).collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, Parked> {
@@ -181,7 +198,7 @@ mod tests {
         for (q, jobs) in [("a", 1), ("b", 5), ("a", 3), ("a", 1), ("a", 1)] {
             riders.park(rider(&[q], jobs, &seen));
         }
-        assert_eq!(riders.demand(), 11);
+        assert_eq!(riders.demand(), due(&[("a", 6), ("b", 5)]));
         // Three jobs due on a, none on b: b's rider stays, a's first two ask for four.
         let taken = riders.take(&mut due(&[("a", 3)]), usize::MAX, usize::MAX);
         assert_eq!(taken.iter().map(|r| r.jobs).collect::<Vec<_>>(), [1, 3]);
@@ -189,7 +206,7 @@ mod tests {
             (r.deliver)(Ok(vec![Ok(Reply::Reserved(Vec::new()))]));
         }
         assert_eq!(*seen.lock().unwrap_or_else(|p| p.into_inner()), [1, 3]);
-        assert_eq!(riders.demand(), 7, "b's five and two of a's");
+        assert_eq!(riders.demand(), due(&[("a", 2), ("b", 5)]), "b's five and two of a's");
         assert!(riders.take(&mut due(&[]), usize::MAX, usize::MAX).is_empty(), "nothing due");
         // A reserve over several queues rides for any of them, and uses them up in order.
         let multi = riders.park(rider(&["c", "a"], 2, &seen));
@@ -197,7 +214,7 @@ mod tests {
         let taken = riders.take(&mut left, usize::MAX, usize::MAX);
         assert_eq!(taken.iter().map(|r| r.jobs).collect::<Vec<_>>(), [1, 1, 2]);
         assert_eq!(left, due(&[("a", 0), ("c", 0)]));
-        assert_eq!(riders.demand(), 5, "b's rider is left");
+        assert_eq!(riders.demand(), due(&[("b", 5)]), "b's rider is left");
         assert!(riders.withdraw(multi).is_none(), "taken");
     }
 
@@ -207,11 +224,11 @@ mod tests {
         let first = riders.park(rider(&["a"], 1, &seen));
         let second = riders.park(rider(&["a"], 2, &seen));
         assert!(riders.withdraw(first).is_some());
-        assert_eq!(riders.demand(), 2);
+        assert_eq!(riders.demand(), due(&[("a", 2)]));
         let taken = riders.take(&mut due(&[("a", 10)]), usize::MAX, usize::MAX);
         assert_eq!(taken.len(), 1);
         assert!(riders.withdraw(second).is_none(), "the pump has it");
-        assert_eq!(riders.demand(), 0);
+        assert!(riders.demand().is_empty());
     }
 
     #[test]

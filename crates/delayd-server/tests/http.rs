@@ -495,11 +495,12 @@ async fn a_parked_reserve_rides_the_tick_that_makes_its_job_ready() {
     assert_eq!(t.applied().await, applied + 2, "the publish, then the tick with the reserve");
     assert_eq!((rides("delivered"), rides("empty")), (1, 0), "the idle queue's reserve stayed");
 
-    // With the ack the reserve holds.
+    // With the ack the reserve holds (nothing written while it waits).
     let lease = v["lease"].as_str().unwrap().to_string();
+    let applied = t.applied().await;
     let waiting = t.spawn_get(format!("{Q}?ack={first}&ack_lease={lease}&timeout=30"));
     t.await_parked(2).await;
-    let applied = t.applied().await;
+    assert_eq!(t.applied().await, applied, "the ack is held");
     let second = t.publish(&format!("{Q}?delay_ms=300"), "b").await;
     let (status, v) = waiting.await.unwrap();
     assert_eq!((status, &v["job_id"], &v["acked"]), (StatusCode::OK, &json!(second), &json!(true)));

@@ -419,9 +419,17 @@ impl<'a> Ride<'a> {
         jobs: u32,
     ) -> Ride<'a> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let owner = service.clone();
+        let (owner, unsent) = (service.clone(), ack.clone());
         let deliver = move |outcomes: RideOutcome| {
-            hand_over(&owner, tx, outcomes.map_err(ServiceError::from).and_then(reserved));
+            let got = outcomes.map_err(ServiceError::from).and_then(reserved);
+            match tx.send(got) {
+                Ok(()) => {}
+                Err(Ok(undelivered)) => spawn_return(&owner, undelivered.deliveries),
+                // The reserve went away once the pump had its commands, and the tick failed:
+                // its ack may not be written, and nobody else will send it. Sent again, an ack
+                // that did go removes nothing.
+                Err(Err(_)) => drop(PendingAck { service: &owner, command: unsent }),
+            }
         };
         let commands = ack.iter().cloned().chain([reserve]).collect();
         let rider = Rider { queues: queues.to_vec(), commands, jobs, deliver: Box::new(deliver) };
