@@ -48,6 +48,9 @@ pub(crate) const SM_LAST_APPLIED: &[u8] = b"raft/last_applied";
 /// `StoredMembership` in [`Cf::Meta`]: the last applied membership.
 pub(crate) const SM_MEMBERSHIP: &[u8] = b"raft/membership";
 
+/// The memory all memtables together may hold before the largest is flushed.
+const MEMTABLE_BUDGET: usize = 128 << 20;
+
 /// Opens (creating if needed) the database at `path` with every column family.
 pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
     let mut opts = Options::default();
@@ -63,6 +66,11 @@ pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
     // Smooth out the IO of memtable flushes and compactions instead of bursty writeback that
     // stalls the synced log appends.
     opts.set_bytes_per_sync(1 << 20);
+    // One budget for the memtables of every column family. Without it each of the dozen
+    // fills up to two 64 MiB memtables before flushing, and a node's memory grows with the
+    // number of column families written to (RSS rose by some 150 MB from 1M to 10M stored jobs
+    // on a three-node cluster) instead of staying flat.
+    opts.set_db_write_buffer_size(MEMTABLE_BUDGET);
 
     let mut sm_opts = Options::default();
     sm_opts.set_compression_type(DBCompressionType::Lz4);
@@ -263,6 +271,23 @@ mod tests {
             batch.put_cf(cf(db, cf_.name()).expect("cf"), k, b"v");
         }
         db.write(batch).expect("write");
+    }
+
+    /// The memtables of all column families share one budget: RocksDB records the options
+    /// it runs with, and the budget is among them.
+    #[test]
+    fn every_column_family_shares_one_memtable_budget() {
+        let dir = tempfile::tempdir().expect("dir");
+        drop(open(dir.path()).expect("open"));
+        let options = std::fs::read_dir(dir.path())
+            .expect("list")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("OPTIONS-")))
+            .max()
+            .expect("an OPTIONS file");
+        let text = std::fs::read_to_string(options).expect("read");
+        let line = format!("db_write_buffer_size={MEMTABLE_BUDGET}");
+        assert!(text.lines().any(|l| l.trim() == line), "{line} not in the options");
     }
 
     #[test]
