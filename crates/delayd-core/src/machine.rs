@@ -779,9 +779,8 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
 
     fn tick(&mut self, limit: u32) -> Result<Reply, KvError> {
         let mut due = Vec::new();
-        let end = keys::timer(self.now.saturating_add(1), TimerKind::Expire, JobId(0));
+        let (floor, end) = crate::query::due_timers(self.kv, self.now)?;
         let want = limit as usize + 1;
-        let floor = self.kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.unwrap_or_default();
         self.kv.scan(Cf::Timers, &floor, &end, &mut |k, v| {
             due.push((k.to_vec(), v.to_vec()));
             due.len() < want

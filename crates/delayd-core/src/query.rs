@@ -287,6 +287,14 @@ pub fn next_deadline(kv: &impl KvRead) -> Result<Option<u64>, KvError> {
     Ok(next)
 }
 
+/// The keys of the timers due at `now_ms`, as a half-open range: from the index's floor (the
+/// fired timers below it are tombstones until a compaction) to the first key past `now_ms`
+/// (`Expire` sorts first). What a tick fires, and what the pump counts before one.
+pub fn due_timers(kv: &impl KvRead, now_ms: u64) -> Result<(Vec<u8>, Vec<u8>), KvError> {
+    let floor = kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.unwrap_or_default();
+    Ok((floor, keys::timer(now_ms.saturating_add(1), TimerKind::Expire, JobId(0))))
+}
+
 /// Of the queues in `wanted`, those that a tick at `now_ms` firing at most `limit` timers may
 /// make jobs ready in, with how many each (at most what `wanted` asks of it): the due timers
 /// of delayed jobs coming due and of leases running out, among the first `limit` due, counted
@@ -304,8 +312,7 @@ pub fn due_ready_by_queue(
     if wanted.is_empty() {
         return Ok(due);
     }
-    let floor = kv.get(Cf::Meta, keys::META_TIMERS_FLOOR)?.unwrap_or_default();
-    let end = keys::timer(now_ms.saturating_add(1), TimerKind::Expire, JobId(0));
+    let (floor, end) = due_timers(kv, now_ms)?;
     let (mut seen, mut ids) = (0u32, Vec::new());
     kv.scan(Cf::Timers, &floor, &end, &mut |k, _| {
         if let Some((_, TimerKind::Due | TimerKind::Lease, id)) = keys::parse_timer(k) {
@@ -459,6 +466,15 @@ mod tests {
         Command::Publish { queue: QueueName::new(ns, q), job: new_job(id, delay_ms) }
     }
 
+    fn reserve(ns: &str, q: &str) -> Command {
+        Command::Reserve {
+            queues: vec![QueueName::new(ns, q)],
+            count: 1,
+            ttr_ms: None,
+            lease_seed: 7,
+        }
+    }
+
     fn listed(kv: &MemKv, ns: Option<&str>, limit: usize) -> Vec<(String, [u64; 4], bool)> {
         queues(kv, ns, limit)
             .unwrap()
@@ -484,16 +500,7 @@ mod tests {
             ],
         );
         // A reservation whose lease (ttr 1 s) runs out at 2_001.
-        run(
-            &mut kv,
-            1_001,
-            vec![Command::Reserve {
-                queues: vec![QueueName::new("ns", "a")],
-                count: 1,
-                ttr_ms: None,
-                lease_seed: 7,
-            }],
-        );
+        run(&mut kv, 1_001, vec![reserve("ns", "a")]);
         let wanted: BTreeMap<_, _> =
             [(QueueName::new("ns", "a"), 10), (QueueName::new("ns", "b"), 10)].into();
         let due = |kv: &MemKv, now, limit, wanted: &BTreeMap<QueueName, u64>| {
@@ -559,16 +566,7 @@ mod tests {
                 Command::SetPaused { queue: QueueName::new("zz", "a"), paused: true },
             ],
         );
-        run(
-            &mut kv,
-            1_001,
-            vec![Command::Reserve {
-                queues: vec![QueueName::new("b", "x")],
-                count: 1,
-                ttr_ms: None,
-                lease_seed: 7,
-            }],
-        );
+        run(&mut kv, 1_001, vec![reserve("b", "x")]);
         let all = vec![
             ("b/long-name".to_string(), [0, 1, 0, 0], false),
             ("b/x".to_string(), [1, 1, 1, 0], false),

@@ -342,13 +342,10 @@ impl Service {
                 Ok(outcomes) => reserved(outcomes),
                 Err(e) => Err(e),
             };
-            hand_over(&service, tx, got);
+            hand_over(&service, tx, got, None);
         });
         let mut outcome = ReserveOutcome { rx: Some(rx), service: self };
-        let rx = outcome.rx.as_mut().ok_or_else(|| ServiceError::Internal("no receiver".into()))?;
-        let got = rx.await.map_err(|_| ServiceError::Internal("the reserve task ended".into()));
-        outcome.rx = None;
-        got?
+        outcome.recv(|| ServiceError::Internal("the reserve task ended".into())).await
     }
 
     /// Puts back deliveries that never reached their consumer: returned at once with their
@@ -422,14 +419,7 @@ impl<'a> Ride<'a> {
         let (owner, unsent) = (service.clone(), ack.clone());
         let deliver = move |outcomes: RideOutcome| {
             let got = outcomes.map_err(ServiceError::from).and_then(reserved);
-            match tx.send(got) {
-                Ok(()) => {}
-                Err(Ok(undelivered)) => spawn_return(&owner, undelivered.deliveries),
-                // The reserve went away once the pump had its commands, and the tick failed:
-                // its ack may not be written, and nobody else will send it. Sent again, an ack
-                // that did go removes nothing.
-                Err(Err(_)) => drop(PendingAck { service: &owner, command: unsent }),
-            }
+            hand_over(&owner, tx, got, unsent);
         };
         let commands = ack.iter().cloned().chain([reserve]).collect();
         let rider = Rider { queues: queues.to_vec(), commands, jobs, deliver: Box::new(deliver) };
@@ -444,13 +434,9 @@ impl<'a> Ride<'a> {
     /// Waits for the ride's outcome: once the pump took it, it comes within the proposer's
     /// timeout, or the pump's end closes the channel (the outcome is then unknown).
     async fn outcome(&mut self) -> Result<Reserved, ServiceError> {
-        let rx =
-            self.outcome.rx.as_mut().ok_or_else(|| ServiceError::Internal("no receiver".into()))?;
-        let got = rx.await.map_err(|_| {
-            ServiceError::Unavailable("the timer pump stopped; the outcome is unknown".into())
-        });
-        self.outcome.rx = None;
-        got?
+        let unknown =
+            || ServiceError::Unavailable("the timer pump stopped; the outcome is unknown".into());
+        self.outcome.recv(unknown).await
     }
 
     /// Takes the commands back from the pump, if it has not taken them: `true` when it had
@@ -470,15 +456,20 @@ impl Drop for Ride<'_> {
     }
 }
 
-/// Hands a reserve's outcome to its caller, or, when the caller has gone, returns the jobs
-/// it was given (in a task of its own): nobody else will deliver them.
+/// Hands a reserve's outcome to its caller. When the caller has gone, nobody else will act
+/// on it: the jobs it was given are returned (in a task of its own), and, if it failed,
+/// `unsent` (the ack that went with it, when the caller no longer holds a copy) is sent
+/// again; an ack that did go removes nothing the second time.
 fn hand_over(
     service: &Service,
     tx: tokio::sync::oneshot::Sender<Result<Reserved, ServiceError>>,
     got: Result<Reserved, ServiceError>,
+    unsent: Option<Command>,
 ) {
-    if let Err(Ok(undelivered)) = tx.send(got) {
-        spawn_return(service, undelivered.deliveries);
+    match tx.send(got) {
+        Ok(()) => {}
+        Err(Ok(undelivered)) => spawn_return(service, undelivered.deliveries),
+        Err(Err(_)) => drop(PendingAck { service, command: unsent }),
     }
 }
 
@@ -513,6 +504,20 @@ fn removed(outcome: &Outcome) -> bool {
 struct ReserveOutcome<'a> {
     rx: Option<tokio::sync::oneshot::Receiver<Result<Reserved, ServiceError>>>,
     service: &'a Service,
+}
+
+impl ReserveOutcome<'_> {
+    /// Waits for the outcome; `closed` says what a sender that went without answering means.
+    /// Once it is read, dropping this returns nothing.
+    async fn recv(
+        &mut self,
+        closed: impl FnOnce() -> ServiceError,
+    ) -> Result<Reserved, ServiceError> {
+        let rx = self.rx.as_mut().ok_or_else(|| ServiceError::Internal("no receiver".into()))?;
+        let got = rx.await.map_err(|_| closed());
+        self.rx = None;
+        got?
+    }
 }
 
 impl Drop for ReserveOutcome<'_> {
