@@ -245,6 +245,7 @@ impl Cluster {
             contact: self.inner.contact.clone(),
             peer_certs: self.inner.config.tls.as_ref().is_some_and(|t| t.peer_certs_required()),
             identity: self.inner.identity.clone(),
+            stopping: self.inner.shutdown.subscribe(),
         };
         let routes = server::routes(services, extra);
         let stopped = {

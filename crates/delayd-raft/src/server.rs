@@ -46,6 +46,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
@@ -218,17 +219,28 @@ pub struct Services {
     pub peer_certs: bool,
     /// This node's cluster identity, which callers must share.
     pub identity: Identity,
+    /// Flips to true when the node stops (a dropped sender counts as stopped).
+    pub stopping: watch::Receiver<bool>,
 }
 
 /// The node's internal services beside `extra` (the owner's own services, if any), ready to
 /// serve.
 pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
-    let Services { raft, inbox, forward, secret, previous_secrets, contact, peer_certs, identity } =
-        services;
+    let Services {
+        raft,
+        inbox,
+        forward,
+        secret,
+        previous_secrets,
+        contact,
+        peer_certs,
+        identity,
+        stopping,
+    } = services;
     let guard = ClusterGuard::new(secret, previous_secrets)
         .requiring_peer_certs(peer_certs)
         .checking_identity(identity, raft.clone());
-    let raft = RaftServer::new(RaftService { raft, inbox, contact })
+    let raft = RaftServer::new(RaftService { raft, inbox, contact, stopping })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let raft = InterceptedService::new(raft, guard.clone());
@@ -283,6 +295,7 @@ struct RaftService {
     raft: Raft,
     inbox: SnapshotInbox,
     contact: LeaderContact,
+    stopping: watch::Receiver<bool>,
 }
 
 fn decode_request<T: DeserializeOwned>(request: Request<RaftRequest>) -> Result<T, Status> {
@@ -314,11 +327,20 @@ impl delayd_proto::raft::raft_server::Raft for RaftService {
     /// order. A request that cannot be decoded, or a broken connection, ends the input: the
     /// answers to what came before are still sent, and the leader resends the rest on a new
     /// stream.
+    ///
+    /// The input also ends when this node stops. A leader keeps its stream open while it has
+    /// nothing to send, and the server's graceful shutdown waits for every open call: without
+    /// this, a node stopping under a live leader would wait for its next entry, which in an
+    /// idle cluster never comes.
     async fn stream_append(
         &self,
         request: Request<Streaming<RaftRequest>>,
     ) -> Result<Response<Self::StreamAppendStream>, Status> {
-        let requests = request.into_inner().scan((), |_, message| {
+        let mut stopping = self.stopping.clone();
+        let stopped = async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        };
+        let requests = request.into_inner().take_until(stopped).scan((), |_, message| {
             let rpc = match message {
                 Ok(message) => match decode::<AppendEntriesRequest<TypeConfig>>(&message.payload) {
                     Ok(rpc) => Some(rpc),

@@ -253,6 +253,33 @@ async fn a_stopping_leader_hands_over_without_an_election_timeout() -> Result {
     Ok(())
 }
 
+/// A follower stops promptly under a live leader. The leader keeps its replication stream to
+/// the follower open while it has nothing to send, and the server's graceful shutdown waits
+/// for open calls: the stream must end when the node stops, not when the leader next writes
+/// (in an idle cluster, never; the stop would then give up on its server after its join
+/// timeout of seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_stops_promptly_while_its_leader_streams_to_it() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let acked = vec![c.publish(leader).await?];
+    // Every follower has applied the leader's last entry, so it has also heard the commit:
+    // the leader has nothing more to send, and its streams are idle.
+    let last = c.node(leader).metrics().last_log_index;
+    for id in 1..=3 {
+        c.wait(id, "applies everything", |n| n.metrics().last_applied.map(|l| l.index) >= last)
+            .await?;
+    }
+    let started = Instant::now();
+    c.stop(follower).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "stopping a follower took {took:?}");
+    c.holds(leader, &acked).await?;
+    c.stop_all().await;
+    Ok(())
+}
+
 /// The operator's transfer: to a named voter from any node, and refused for a non-voter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_moves_to_a_named_voter_on_request() -> Result {

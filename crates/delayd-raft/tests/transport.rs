@@ -13,7 +13,7 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::{BasicNode, SnapshotPolicy};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Errors of any kind, reported with `?`.
@@ -41,7 +41,7 @@ struct TestNode {
     addr: String,
     raft: Raft,
     network: GrpcNetwork,
-    stop: Option<oneshot::Sender<()>>,
+    stop: watch::Sender<bool>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     _dir: TempDir,
 }
@@ -56,7 +56,7 @@ impl TestNode {
         let network = GrpcNetwork::new(id, None)?;
         let inbox = sm.inbox();
         let raft = Raft::new(id, Arc::new(raft_config()?), network.clone(), log, sm).await?;
-        let (stop, stopped) = oneshot::channel::<()>();
+        let (stop, stopping) = watch::channel(false);
         let services = Services {
             raft: raft.clone(),
             inbox,
@@ -66,12 +66,14 @@ impl TestNode {
             contact: Default::default(),
             peer_certs: false,
             identity: Default::default(),
+            stopping: stopping.clone(),
         };
         let routes = server::routes(services, None);
-        let server = tokio::spawn(server::serve(listener, routes, async {
-            let _ = stopped.await;
+        let mut stopped = stopping;
+        let server = tokio::spawn(server::serve(listener, routes, async move {
+            let _ = stopped.wait_for(|s| *s).await;
         }));
-        Ok(TestNode { id, addr, raft, network, stop: Some(stop), server: Some(server), _dir: dir })
+        Ok(TestNode { id, addr, raft, network, stop, server: Some(server), _dir: dir })
     }
 
     fn node(&self) -> BasicNode {
@@ -80,9 +82,7 @@ impl TestNode {
 
     async fn stop(&mut self) -> Result {
         self.raft.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.send_replace(true);
         if let Some(server) = self.server.take() {
             server.await??;
         }
