@@ -63,4 +63,4 @@ pub use error::ClusterError;
 pub use forward::{ForwardOp, NodeStatus};
 pub use metrics::ReplicationMetrics;
 pub use propose::ProposerConfig;
-pub use riders::{RideOutcome, Rider, Riders};
+pub use riders::{Deliver, RideOutcome, Rider, Riders};

@@ -36,21 +36,38 @@ pub const MAX_RIDERS_PER_TICK: usize = 256;
 /// did not go through.
 pub type RideOutcome = Result<Vec<Outcome>, ClusterError>;
 
+/// Called at most once with the outcomes of a rider's commands (from the pump's task: be
+/// quick).
+pub type Deliver = Box<dyn FnOnce(RideOutcome) + Send>;
+
 /// A parked reserve's commands and where their outcomes go.
 pub struct Rider {
-    /// The queues its reserve takes from.
-    pub queues: Vec<QueueName>,
-    /// The commands, applied after the tick in this order.
-    pub commands: Vec<Command>,
-    /// How many jobs its reserve asks for.
-    pub jobs: u32,
-    /// Called at most once with the outcomes of `commands` (from the pump's task: be quick).
-    pub deliver: Box<dyn FnOnce(RideOutcome) + Send>,
+    /// The commands, applied after the tick in this order; the last is the reserve.
+    pub(crate) commands: Vec<Command>,
+    pub(crate) deliver: Deliver,
+    /// The queues its reserve takes from, and how many jobs it asks for: read from the
+    /// reserve once, for the pump's walk.
+    queues: Vec<QueueName>,
+    jobs: u32,
+}
+
+impl Rider {
+    /// A rider of `commands` (a held ack, say, then the reserve), whose outcomes go to
+    /// `deliver`. The last command must be the reserve (`Reserve` or `ReserveUrgent`): its
+    /// queues and count decide which ticks take the rider. `None` when it is not.
+    pub fn new(commands: Vec<Command>, deliver: Deliver) -> Option<Rider> {
+        let (queues, jobs) = match commands.last()? {
+            Command::Reserve { queues, count, .. }
+            | Command::ReserveUrgent { queues, count, .. } => (queues.clone(), *count),
+            _ => return None,
+        };
+        Some(Rider { commands, deliver, queues, jobs })
+    }
 }
 
 impl std::fmt::Debug for Rider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rider").field("commands", &self.commands).field("jobs", &self.jobs).finish()
+        f.debug_struct("Rider").field("commands", &self.commands).finish_non_exhaustive()
     }
 }
 
@@ -175,17 +192,9 @@ mod tests {
     fn rider(queues: &[&str], jobs: u32, seen: &Arc<Mutex<Vec<u32>>>) -> Rider {
         let seen = seen.clone();
         let queues: Vec<_> = queues.iter().map(|q| queue(q)).collect();
-        Rider {
-            commands: vec![Command::Reserve {
-                queues: queues.clone(),
-                count: jobs,
-                ttr_ms: None,
-                lease_seed: 7,
-            }],
-            queues,
-            jobs,
-            deliver: Box::new(move |_| seen.lock().unwrap_or_else(|p| p.into_inner()).push(jobs)),
-        }
+        let reserve = Command::Reserve { queues, count: jobs, ttr_ms: None, lease_seed: 7 };
+        let deliver = move |_| seen.lock().unwrap_or_else(|p| p.into_inner()).push(jobs);
+        Rider::new(vec![reserve], Box::new(deliver)).expect("ends with a reserve")
     }
 
     fn due(queues: &[(&str, u64)]) -> BTreeMap<QueueName, u64> {
@@ -216,6 +225,25 @@ mod tests {
         assert_eq!(left, due(&[("a", 0), ("c", 0)]));
         assert_eq!(riders.demand(), due(&[("b", 5)]), "b's rider is left");
         assert!(riders.withdraw(multi).is_none(), "taken");
+    }
+
+    /// A rider is its reserve's: queues and count come from its last command, which must be
+    /// a reserve of either order.
+    #[test]
+    fn a_rider_reads_its_queues_and_count_from_its_reserve() {
+        let deliver = || -> Deliver { Box::new(|_| {}) };
+        let ack = Command::Ack { queue: queue("a"), id: delayd_core::JobId(1), lease: None };
+        let urgent = Command::ReserveUrgent {
+            queues: vec![queue("b"), queue("a")],
+            count: 3,
+            ttr_ms: None,
+            lease_seed: 7,
+        };
+        let rider = Rider::new(vec![ack.clone(), urgent], deliver()).expect("a reserve last");
+        assert_eq!((rider.queues.clone(), rider.jobs), (vec![queue("b"), queue("a")], 3));
+        assert_eq!(rider.commands.len(), 2);
+        assert!(Rider::new(vec![ack], deliver()).is_none(), "no reserve");
+        assert!(Rider::new(Vec::new(), deliver()).is_none(), "no command");
     }
 
     #[test]

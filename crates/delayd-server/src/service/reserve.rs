@@ -183,10 +183,12 @@ impl Service {
             let wake_at = ack_due.filter(|_| ack.command.is_some()).unwrap_or(deadline);
             // On the leader the reserve, with its held ack, rides the timer pump's next tick,
             // which delivers in its own entry instead of waking us to propose another.
-            let mut ride = self.inner.cluster.is_leader().then(|| {
+            let mut ride = if self.inner.cluster.is_leader() {
                 let reserve = reserve_command(&queues, count, ttr_ms, order);
-                Ride::park(self, &queues, ack.command.take(), reserve, count)
-            });
+                Some(Ride::park(self, &mut ack.command, reserve)?)
+            } else {
+                None
+            };
             let rode = tokio::select! {
                 _ = select_all(woken) => None,
                 _ = tokio::time::sleep_until(wake_at) => None,
@@ -407,28 +409,30 @@ struct Ride<'a> {
 }
 
 impl<'a> Ride<'a> {
-    /// Parks `reserve` of `queues`, after `ack` when there is one, with the pump.
+    /// Parks `reserve`, after the held ack when there is one (taken from `held` once
+    /// parked), with the pump. `reserve` must be a reserve command (`Reserve` or
+    /// `ReserveUrgent`); anything else is refused, and the ack stays held.
     fn park(
         service: &'a Service,
-        queues: &[QueueName],
-        ack: Option<Command>,
+        held: &mut Option<Command>,
         reserve: Command,
-        jobs: u32,
-    ) -> Ride<'a> {
+    ) -> Result<Ride<'a>, ServiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (owner, unsent) = (service.clone(), ack.clone());
+        let (owner, unsent) = (service.clone(), held.clone());
         let deliver = move |outcomes: RideOutcome| {
             let got = outcomes.map_err(ServiceError::from).and_then(reserved);
             hand_over(&owner, tx, got, unsent);
         };
-        let commands = ack.iter().cloned().chain([reserve]).collect();
-        let rider = Rider { queues: queues.to_vec(), commands, jobs, deliver: Box::new(deliver) };
-        Ride {
+        let commands = held.iter().cloned().chain([reserve]).collect();
+        let rider = Rider::new(commands, Box::new(deliver))
+            .ok_or_else(|| ServiceError::Internal("a ride without a reserve".into()))?;
+        let ack = held.take();
+        Ok(Ride {
             service,
             ticket: Some(service.inner.cluster.riders().park(rider)),
             ack,
             outcome: ReserveOutcome { rx: Some(rx), service },
-        }
+        })
     }
 
     /// Waits for the ride's outcome: once the pump took it, it comes within the proposer's
