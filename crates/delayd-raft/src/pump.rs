@@ -29,7 +29,7 @@ use tokio::sync::{watch, Notify};
 use crate::clock::Clock;
 use crate::error::ClusterError;
 use crate::propose::Proposer;
-use crate::riders::{RideOutcome, Rider, Riders};
+use crate::riders::{Deliver, Rider, Riders};
 
 /// The longest the pump sleeps without re-reading the timer index.
 pub const MAX_SLEEP: Duration = Duration::from_secs(3600);
@@ -109,9 +109,10 @@ pub async fn run(
         let now = clock.now_us();
         if let Some(deadline) = next {
             if deadline.saturating_mul(1000) <= now {
-                let taken = match ride {
-                    true => take_riders(&reader, &riders, now / 1000, tick_limit, &proposer),
-                    false => Vec::new(),
+                let taken = if ride {
+                    take_riders(&reader, &riders, now / 1000, tick_limit, &proposer)
+                } else {
+                    Vec::new()
                 };
                 let carried = !taken.is_empty();
                 let ticked = tick(&proposer, tick_limit, taken).await;
@@ -192,7 +193,7 @@ fn take_riders(
 }
 
 /// A rider's share of the entry: how many outcomes are its own, and where they go.
-type Handout = (usize, Box<dyn FnOnce(RideOutcome) + Send>);
+type Handout = (usize, Deliver);
 
 /// Proposes one `Tick` firing at most `limit` deadlines, with `riders`' commands after it in
 /// the same entry, and hands each rider its outcomes; returns the tick's.
@@ -243,6 +244,7 @@ mod tests {
     /// entry fails them all.
     #[test]
     fn an_entrys_outcomes_go_to_the_tick_and_each_rider_in_order() {
+        use crate::riders::RideOutcome;
         use delayd_core::{Rejection, Reply};
         use std::sync::Mutex;
         let got = Arc::new(Mutex::new(Vec::new()));
