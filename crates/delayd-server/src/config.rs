@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use delayd_raft::faults::FaultFilter;
 use delayd_raft::tls::Tls;
 
 /// Everything a node needs to start. Defaults are the embedded single-node setup.
@@ -91,6 +92,20 @@ pub struct Config {
     pub tls: Option<Arc<Tls>>,
     /// Which build this node runs, exported as `delayd_build_info`.
     pub build: BuildInfo,
+    /// Tests only: the filter every outgoing node-to-node call passes through
+    /// (`delayd_raft::faults`). Production nodes have none.
+    pub faults: Faults,
+}
+
+/// A node's fault filter, if any: a configuration value that clones with the rest and shows
+/// in `Debug` only whether it is there.
+#[derive(Clone, Default)]
+pub struct Faults(pub Option<Arc<dyn FaultFilter>>);
+
+impl std::fmt::Debug for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Faults(filter)" } else { "Faults(none)" })
+    }
 }
 
 /// Which build a node runs: shown by `delayd --version` and exported as the labels of the
@@ -151,6 +166,7 @@ impl Default for Config {
             debug_clock: false,
             tls: None,
             build: BuildInfo::default(),
+            faults: Faults::default(),
         }
     }
 }
@@ -266,7 +282,7 @@ impl Config {
             snapshot_logs: self.snapshot_logs,
             keep_logs: self.keep_logs,
             lease_reads: self.lease_reads,
-            faults: None,
+            faults: self.faults.0.clone(),
             tls: self.tls.clone(),
         }
     }

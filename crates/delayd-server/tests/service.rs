@@ -1,4 +1,4 @@
-//! The service layer against one in-process node: what a request that is abandoned halfway
+//! The service layer against in-process nodes: what a request that is abandoned halfway
 //! leaves behind.
 
 mod common;
@@ -6,7 +6,12 @@ mod common;
 use std::time::Duration;
 
 use delayd_core::{JobState, QueueName};
-use delayd_server::service::reserve::{ReserveOrder, ReserveRequest};
+use std::sync::Arc;
+
+use delayd_raft::faults::{FaultFilter, Verdict};
+use delayd_raft::network::Method;
+use delayd_server::config::Faults;
+use delayd_server::service::reserve::{AckFirst, ReserveOrder, ReserveRequest};
 use delayd_server::service::PublishParams;
 use delayd_server::{Config, Principal};
 
@@ -69,4 +74,118 @@ async fn a_reserve_whose_caller_is_gone_releases_what_it_leased() {
     }
     eprintln!("{abandoned_in_flight} polls saw a lease of an abandoned reserve before its release");
     node.shutdown().await;
+}
+
+/// Once armed, drops every call a node forwards to its leader until a given instant: the
+/// leader is out of reach for that node's writes, which retry until their request timeout
+/// and then fail.
+#[derive(Default)]
+struct ForwardsDropped {
+    /// The node and until when.
+    armed: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+}
+
+impl ForwardsDropped {
+    fn arm(&self, from: u64, until: std::time::Instant) {
+        *self.armed.lock().expect("lock") = Some((from, until));
+    }
+}
+
+impl FaultFilter for ForwardsDropped {
+    fn check(&self, from: u64, _to: u64, method: Method) -> Verdict {
+        let armed = *self.armed.lock().expect("lock");
+        let now = std::time::Instant::now();
+        match armed {
+            Some((node, until)) if node == from && method == Method::Forward && now < until => {
+                Verdict::Drop
+            }
+            _ => Verdict::Pass,
+        }
+    }
+}
+/// A consumer that acks its job on its next reserve and goes away before that write fails
+/// must not lose the ack: nobody else would send it, and the finished job would be delivered
+/// again when its ttr ran out. The follower's write keeps failing for its whole request
+/// timeout after its caller is gone; the ack must still remove the job, long before the
+/// 60 s ttr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_again() {
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        addrs.push(l.local_addr().expect("address"));
+    }
+    let members: std::collections::BTreeMap<u64, String> =
+        (1u64..).zip(&addrs).map(|(id, a)| (id, a.to_string())).collect();
+    // Armed once the follower is known.
+    let filter = Arc::new(ForwardsDropped::default());
+    let request_timeout = Duration::from_secs(1);
+    let nodes = futures::future::join_all((1u64..).zip(&addrs).map(|(id, addr)| {
+        let config = Config {
+            node_id: id,
+            grpc_addr: *addr,
+            initial_members: members.clone(),
+            request_timeout,
+            // The ack goes with the reserve at once instead of being held for a wake-up.
+            ack_hold: Duration::ZERO,
+            faults: Faults(Some(filter.clone())),
+            ..Config::default()
+        };
+        common::start_node(config)
+    }))
+    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let leader = loop {
+        let known: Vec<_> =
+            nodes.iter().map(|(n, _)| n.cluster().metrics().current_leader).collect();
+        if let Some(l) = known[0].filter(|l| known.iter().all(|k| *k == Some(*l))) {
+            break l;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no leader agreed on: {known:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let node = |id: u64| &nodes.iter().find(|(n, _)| n.config().node_id == id).expect("node").0;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let (f, l) = (node(follower).service().clone(), node(leader).service().clone());
+
+    let dev = Principal::Dev;
+    let queue = QueueName::new("ns", "q");
+    let params = PublishParams { ttr_ms: 60_000, ..PublishParams::default() };
+    for body in [b"first".to_vec(), b"second".to_vec()] {
+        f.publish(&dev, queue.clone(), &params, body).await.expect("publish");
+    }
+    let request = |ack: Option<AckFirst>| ReserveRequest {
+        queues: vec![queue.clone()],
+        count: 1,
+        ttr_ms: Some(60_000),
+        wait: Duration::ZERO,
+        ack,
+        order: ReserveOrder::QueueOrder,
+    };
+    let got = f.reserve(&dev, request(None)).await.expect("reserve");
+    let first = got.deliveries.first().expect("a job ready");
+    let (id, lease) = (first.job.id, first.lease);
+
+    // From now on the follower cannot reach the leader for a while: longer than its write's
+    // request timeout, shorter than that timeout twice over.
+    let cut = request_timeout + Duration::from_millis(300);
+    filter.arm(follower, std::time::Instant::now() + cut);
+    let ack = AckFirst { queue: queue.clone(), id, lease: Some(lease) };
+    let caller =
+        tokio::time::timeout(Duration::from_millis(200), f.reserve(&dev, request(Some(ack))));
+    assert!(caller.await.is_err(), "the reserve answered while its leader was out of reach");
+
+    // The caller is gone; its write fails when its request timeout ends. The ack alone is
+    // sent again and, once the link is back, removes the job.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if l.job(&dev, &queue, id, false).await.expect("job").is_none() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the acked job is still there");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (n, _) in &nodes {
+        n.shutdown().await;
+    }
 }

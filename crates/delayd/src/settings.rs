@@ -469,6 +469,7 @@ impl Settings {
             debug_clock: self.debug_clock.unwrap_or(false),
             tls: self.tls()?,
             build: d.build,
+            faults: d.faults,
         };
         config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(config)

@@ -335,16 +335,19 @@ impl Service {
     /// so that deliveries whose caller has gone (the client disconnected, the request was
     /// dropped) while the entry was being committed are released at once instead of staying
     /// leased for their ttr — with one try left they would otherwise go to the dead letter
-    /// without ever being handed out.
+    /// without ever being handed out. For the same reason, an ack whose write failed after
+    /// its caller had gone is sent again: nobody else would, and the finished job would be
+    /// delivered again when its ttr ran out.
     async fn reserve_once(&self, commands: Vec<Command>) -> Result<Reserved, ServiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let service = self.clone();
+        let ack = commands.iter().find(|c| matches!(c, Command::Ack { .. })).cloned();
         tokio::spawn(async move {
             let got = match service.write(commands).await {
                 Ok(outcomes) => reserved(outcomes),
                 Err(e) => Err(e),
             };
-            hand_over(&service, tx, got, None);
+            hand_over(&service, tx, got, ack);
         });
         let mut outcome = ReserveOutcome { rx: Some(rx), service: self };
         outcome.recv(|| ServiceError::Internal("the reserve task ended".into())).await
