@@ -17,7 +17,7 @@ use delayd_store::{
 };
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{InitializeError, LinearizableReadError, RaftError};
-use openraft::{BasicNode, ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
+use openraft::{BasicNode, ChangeMembers, LinearizerOption, RaftMetrics, ReadPolicy, ServerState};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -625,13 +625,19 @@ impl Cluster {
 
     /// On the leader: the index a linearizable read must wait for (its commit index, with
     /// leadership confirmed by its lease or by a quorum).
+    ///
+    /// A lease that is not held — a leader just elected, before a quorum has answered it, or
+    /// one that has not heard from a quorum for a whole lease — does not refuse the read: the
+    /// leader sends heartbeats at once and the read waits for a quorum's answer, as a read
+    /// index would, for at most one lease (`election_timeout_max`). So a healthy new leader's
+    /// first reads are answered, and an isolated one's still fail within a lease.
     async fn read_index(&self) -> Result<u64, ClusterError> {
-        let policy = if self.inner.config.lease_reads {
-            ReadPolicy::LeaseRead
+        let option = if self.inner.config.lease_reads {
+            LinearizerOption::new(None, true)
         } else {
-            ReadPolicy::ReadIndex
+            LinearizerOption::from(ReadPolicy::ReadIndex)
         };
-        match self.inner.raft.get_read_linearizer(policy).await {
+        match self.inner.raft.get_read_linearizer(option).await {
             Ok(linearizer) => Ok(linearizer.read_log_id().index()),
             Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
                 Err(ClusterError::NotLeader(f.leader_id))

@@ -552,3 +552,30 @@ async fn replication_counts_requests_entries_and_folded_commits() -> Result {
     c.stop_all().await;
     Ok(())
 }
+
+/// A leader just elected holds no lease until a quorum has answered it. Its first
+/// linearizable reads wait for that answer instead of failing with "not enough for a
+/// quorum" in a healthy cluster (a reserve finding nothing ready, on any node, is such a
+/// read). Every message here takes 40 ms, so the new leader's first answer from a quorum
+/// comes that long after its election, and the read below starts before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leaders_first_reads_wait_for_a_quorum_instead_of_failing() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let to = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    // Under the 75 ms time limit of a replication call, so every message still arrives.
+    for (a, b) in [(1, 2), (1, 3), (2, 3)] {
+        c.faults.slow(a, b, Duration::from_millis(40));
+    }
+    let read_at_once = async {
+        c.wait(to, "leads", |n| n.is_leader()).await?;
+        c.node(to).read(false).await.map(drop).map_err(|e| format!("its first read: {e}").into())
+    };
+    let (moved, read): (_, Result) =
+        tokio::join!(c.node(leader).transfer_leader(Some(to)), read_at_once);
+    assert_eq!(moved?, to);
+    read?;
+    c.faults.heal();
+    c.stop_all().await;
+    Ok(())
+}
