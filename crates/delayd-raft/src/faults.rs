@@ -33,6 +33,13 @@ pub trait FaultFilter: Send + Sync + 'static {
     fn check(&self, from: NodeId, to: NodeId, method: Method) -> Verdict;
 }
 
+/// Shown only as being there, so that a configuration holding a filter can derive `Debug`.
+impl std::fmt::Debug for dyn FaultFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultFilter")
+    }
+}
+
 /// Link faults between nodes, changed at will while the nodes run. Links are directed inside;
 /// the methods cut or slow both directions, as a real partition or slow link would.
 #[derive(Default)]

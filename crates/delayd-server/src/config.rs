@@ -94,18 +94,7 @@ pub struct Config {
     pub build: BuildInfo,
     /// Tests only: the filter every outgoing node-to-node call passes through
     /// (`delayd_raft::faults`). Production nodes have none.
-    pub faults: Faults,
-}
-
-/// A node's fault filter, if any: a configuration value that clones with the rest and shows
-/// in `Debug` only whether it is there.
-#[derive(Clone, Default)]
-pub struct Faults(pub Option<Arc<dyn FaultFilter>>);
-
-impl std::fmt::Debug for Faults {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "Faults(filter)" } else { "Faults(none)" })
-    }
+    pub faults: Option<Arc<dyn FaultFilter>>,
 }
 
 /// Which build a node runs: shown by `delayd --version` and exported as the labels of the
@@ -166,7 +155,7 @@ impl Default for Config {
             debug_clock: false,
             tls: None,
             build: BuildInfo::default(),
-            faults: Faults::default(),
+            faults: None,
         }
     }
 }
@@ -282,7 +271,7 @@ impl Config {
             snapshot_logs: self.snapshot_logs,
             keep_logs: self.keep_logs,
             lease_reads: self.lease_reads,
-            faults: self.faults.0.clone(),
+            faults: self.faults.clone(),
             tls: self.tls.clone(),
         }
     }

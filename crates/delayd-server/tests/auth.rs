@@ -579,38 +579,14 @@ async fn labelled(t: &TestNode, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// node still works at once on every other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_coalesces_its_checks_of_unknown_tokens() {
-    let mut addrs = Vec::new();
-    for _ in 0..3 {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        addrs.push(l.local_addr().unwrap());
-    }
-    let members: std::collections::BTreeMap<u64, String> =
-        (1u64..).zip(&addrs).map(|(id, a)| (id, a.to_string())).collect();
     let auth = AuthConfig { admin_token: Some(ADMIN.into()), ..AuthConfig::default() };
-    let nodes = futures::future::join_all((1u64..).zip(&addrs).map(|(id, addr)| {
-        let config = Config {
-            node_id: id,
-            grpc_addr: *addr,
-            initial_members: members.clone(),
-            auth: auth.clone(),
-            ..Config::default()
-        };
-        async move {
-            let (node, dir) = common::start_node(config).await;
-            TestNode { router: node.router(), node, _dir: dir }
-        }
+    let configs = common::three_nodes(Config { auth, ..Config::default() }).await;
+    let nodes = futures::future::join_all(configs.into_iter().map(|config| async move {
+        let (node, dir) = common::start_node(config).await;
+        TestNode { router: node.router(), node, _dir: dir }
     }))
     .await;
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    let leader = loop {
-        let known: Vec<_> =
-            nodes.iter().map(|n| n.node.cluster().metrics().current_leader).collect();
-        if let Some(l) = known[0].filter(|l| known.iter().all(|k| *k == Some(*l))) {
-            break l;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no leader agreed on: {known:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
+    let leader = common::agreed_leader(&nodes.iter().map(|n| &n.node).collect::<Vec<_>>()).await;
     let followers: Vec<&TestNode> =
         nodes.iter().filter(|n| n.node.config().node_id != leader).collect();
 

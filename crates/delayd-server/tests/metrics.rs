@@ -163,10 +163,6 @@ impl TestNode {
     }
 }
 
-fn local() -> std::net::SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
 /// The admin token every call shows.
 const ADMIN: &str = "metrics-test-admin-token-0000";
 const Q: &str = "/api/ns/q";
@@ -323,22 +319,8 @@ async fn metrics_follow_requests_jobs_raft_and_storage() {
 
 #[tokio::test]
 async fn the_leader_reports_lag_per_follower_and_every_replica_the_same_job_counts() {
-    let mut ports = Vec::new();
-    for _ in 0..3 {
-        let l = tokio::net::TcpListener::bind(local()).await.unwrap();
-        ports.push(l.local_addr().unwrap());
-    }
-    let members: BTreeMap<u64, String> =
-        (1u64..).zip(&ports).map(|(id, a)| (id, a.to_string())).collect();
-    let nodes = futures::future::join_all((1u64..).zip(&ports).map(|(id, addr)| {
-        TestNode::start(Config {
-            node_id: id,
-            grpc_addr: *addr,
-            initial_members: members.clone(),
-            ..Config::default()
-        })
-    }))
-    .await;
+    let configs = common::three_nodes(Config::default()).await;
+    let nodes = futures::future::join_all(configs.into_iter().map(TestNode::start)).await;
 
     // Publish through node 1, whoever leads; every replica counts it once applied.
     nodes[0].scrape_until("a leader", |s| s.value("delayd_raft_leader_id", &[]) > 0.0).await;

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use delayd_raft::faults::{FaultFilter, Verdict};
 use delayd_raft::network::Method;
-use delayd_server::config::Faults;
 use delayd_server::service::reserve::{AckFirst, ReserveOrder, ReserveRequest};
 use delayd_server::service::PublishParams;
 use delayd_server::{Config, Principal};
@@ -110,40 +109,19 @@ impl FaultFilter for ForwardsDropped {
 /// 60 s ttr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_again() {
-    let mut addrs = Vec::new();
-    for _ in 0..3 {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        addrs.push(l.local_addr().expect("address"));
-    }
-    let members: std::collections::BTreeMap<u64, String> =
-        (1u64..).zip(&addrs).map(|(id, a)| (id, a.to_string())).collect();
     // Armed once the follower is known.
     let filter = Arc::new(ForwardsDropped::default());
     let request_timeout = Duration::from_secs(1);
-    let nodes = futures::future::join_all((1u64..).zip(&addrs).map(|(id, addr)| {
-        let config = Config {
-            node_id: id,
-            grpc_addr: *addr,
-            initial_members: members.clone(),
-            request_timeout,
-            // The ack goes with the reserve at once instead of being held for a wake-up.
-            ack_hold: Duration::ZERO,
-            faults: Faults(Some(filter.clone())),
-            ..Config::default()
-        };
-        common::start_node(config)
-    }))
+    let configs = common::three_nodes(Config {
+        request_timeout,
+        // The ack goes with the reserve at once instead of being held for a wake-up.
+        ack_hold: Duration::ZERO,
+        faults: Some(filter.clone()),
+        ..Config::default()
+    })
     .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let leader = loop {
-        let known: Vec<_> =
-            nodes.iter().map(|(n, _)| n.cluster().metrics().current_leader).collect();
-        if let Some(l) = known[0].filter(|l| known.iter().all(|k| *k == Some(*l))) {
-            break l;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no leader agreed on: {known:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let nodes = futures::future::join_all(configs.into_iter().map(common::start_node)).await;
+    let leader = common::agreed_leader(&nodes.iter().map(|(n, _)| n).collect::<Vec<_>>()).await;
     let node = |id: u64| &nodes.iter().find(|(n, _)| n.config().node_id == id).expect("node").0;
     let follower = (1..=3).find(|id| *id != leader).expect("a follower");
     let (f, l) = (node(follower).service().clone(), node(leader).service().clone());

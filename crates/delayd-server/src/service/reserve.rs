@@ -147,11 +147,7 @@ impl Service {
             };
             if attempt {
                 let reserve = reserve_command(&queues, count, ttr_ms, order);
-                let commands = match ack.command.take() {
-                    Some(a) => vec![a, reserve],
-                    None => vec![reserve],
-                };
-                let got = self.reserve_once(commands).await?;
+                let got = self.reserve_once(ack.command.take(), reserve).await?;
                 self.metrics().reserve_attempt(!got.deliveries.is_empty(), false);
                 acked = acked.or(got.acked);
                 if !got.deliveries.is_empty() || Instant::now() >= deadline {
@@ -301,7 +297,7 @@ impl Service {
     ) -> Result<Option<Delivery>, ServiceError> {
         self.subscribe(caller, std::slice::from_ref(&queue), ttr_ms)?;
         let command = Command::ReserveJob { queue, id, ttr_ms, lease_seed: rand::random() };
-        match self.reserve_once(vec![command]).await {
+        match self.reserve_once(None, command).await {
             Ok(got) => Ok(got.deliveries.into_iter().next()),
             Err(ServiceError::NotFound(_) | ServiceError::Conflict(_)) => Ok(None),
             Err(e) => Err(e),
@@ -331,17 +327,21 @@ impl Service {
         Ok(())
     }
 
-    /// Proposes one reserve (after an ack, when `commands` holds two) in a task of its own,
+    /// Proposes one reserve (after `ack`, when there is one) in a task of its own,
     /// so that deliveries whose caller has gone (the client disconnected, the request was
     /// dropped) while the entry was being committed are released at once instead of staying
     /// leased for their ttr — with one try left they would otherwise go to the dead letter
     /// without ever being handed out. For the same reason, an ack whose write failed after
     /// its caller had gone is sent again: nobody else would, and the finished job would be
     /// delivered again when its ttr ran out.
-    async fn reserve_once(&self, commands: Vec<Command>) -> Result<Reserved, ServiceError> {
+    async fn reserve_once(
+        &self,
+        ack: Option<Command>,
+        reserve: Command,
+    ) -> Result<Reserved, ServiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let service = self.clone();
-        let ack = commands.iter().find(|c| matches!(c, Command::Ack { .. })).cloned();
+        let commands = ack.iter().cloned().chain([reserve]).collect();
         tokio::spawn(async move {
             let got = match service.write(commands).await {
                 Ok(outcomes) => reserved(outcomes),
