@@ -15,7 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{handshake, SendRequest};
-use hyper::header::{HeaderValue, AUTHORIZATION, HOST};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
@@ -29,6 +29,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Answer {
     /// The status.
     pub status: StatusCode,
+    /// The headers.
+    pub headers: HeaderMap,
     /// The body.
     pub body: Bytes,
 }
@@ -114,9 +116,9 @@ impl Conn {
         let request = request.body(Full::new(body))?;
         let sender = self.ready().await?;
         let response = sender.send_request(request).await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok(Answer { status, body })
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok(Answer { status: parts.status, headers: parts.headers, body })
     }
 
     /// The connection, dialled if there is none or the server closed it, once it can take a

@@ -37,20 +37,22 @@ use serde_json::json;
 
 use crate::cluster::Cluster;
 use crate::stats::{CpuMeter, Row, Status};
-use crate::workloads::{Ctx, Opts};
+use crate::workloads::{Ctx, Opts, RESERVE_COUNT};
 
 /// Every workload, in the order they run. `failover` restarts the node it kills, and
 /// `storage` runs last because it leaves millions of jobs behind.
-const WORKLOADS: [&str; 14] = [
+const WORKLOADS: [&str; 16] = [
     "publish-http",
     "publish-bulk",
     "publish-grpc-stream",
     "drain",
     "drain-ackfirst",
     "drain-count10",
+    "drain-count10-ackfirst",
     "lifecycle",
     "timer",
     "timer-ackfirst",
+    "timer-count10-ackfirst",
     "disque-add",
     "disque-drain",
     "publish-latency",
@@ -59,7 +61,8 @@ const WORKLOADS: [&str; 14] = [
 ];
 
 /// The workloads run once per `--clients` level (the rest run at the largest level).
-const PER_LEVEL: [&str; 4] = ["publish-http", "drain", "drain-ackfirst", "drain-count10"];
+const PER_LEVEL: [&str; 5] =
+    ["publish-http", "drain", "drain-ackfirst", "drain-count10", "drain-count10-ackfirst"];
 
 /// Workloads without a client count: open-loop publishing, and failover's fixed publishers.
 const NO_CLIENTS: [&str; 2] = ["publish-latency", "failover"];
@@ -311,9 +314,15 @@ async fn run(args: Args) -> Result<ExitCode> {
                     "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
                     "drain-ackfirst" => workloads::drain_ackfirst(&ctx).await.map(|r| vec![r]),
                     "drain-count10" => workloads::drain_count10(&ctx).await.map(|r| vec![r]),
+                    "drain-count10-ackfirst" => {
+                        workloads::drain_count10_ackfirst(&ctx).await.map(|r| vec![r])
+                    }
                     "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
-                    "timer" => workloads::timer(&ctx, false).await.map(|r| vec![r]),
-                    "timer-ackfirst" => workloads::timer(&ctx, true).await.map(|r| vec![r]),
+                    "timer" => workloads::timer(&ctx, false, 1).await.map(|r| vec![r]),
+                    "timer-ackfirst" => workloads::timer(&ctx, true, 1).await.map(|r| vec![r]),
+                    "timer-count10-ackfirst" => {
+                        workloads::timer(&ctx, true, RESERVE_COUNT).await.map(|r| vec![r])
+                    }
                     "disque-add" => disque::add(&ctx).await.map(|r| vec![r]),
                     "disque-drain" => disque::drain(&ctx).await.map(|r| vec![r]),
                     "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),

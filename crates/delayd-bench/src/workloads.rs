@@ -35,8 +35,8 @@ pub const BULK_JOBS: usize = 64;
 const POLL_S: u64 = 1;
 /// Consecutive empty long polls after which a drain consumer gives up.
 const MAX_EMPTY_POLLS: u32 = 5;
-/// Jobs per reserve in `drain-count10`.
-const RESERVE_COUNT: usize = 10;
+/// Jobs per reserve in `drain-count10` and the other `count10` workloads.
+pub const RESERVE_COUNT: usize = 10;
 
 /// Workload parameters (see the CLI for their meaning and defaults).
 #[derive(Debug, Clone)]
@@ -175,7 +175,7 @@ async fn expect(req: reqwest::RequestBuilder, want: StatusCode) -> Result<()> {
     let status = resp.status();
     // The whole body is read either way, so the connection goes back to the pool.
     let body = resp.bytes().await?;
-    Answer { status, body }.expect(want)
+    Answer { status, headers: Default::default(), body }.expect(want)
 }
 
 /// One reserve on the queue at path `qpath`: `Some((job_id, lease, due_at_ms))`, or `None`
@@ -491,6 +491,104 @@ async fn reserve_many(conn: &mut Conn, qpath: &str, count: usize) -> Result<Vec<
         .collect()
 }
 
+/// The jobs a reserve answer hands out, each as `(job_id, lease, due_at_ms)`: one object
+/// (`count=1`) or an array.
+fn deliveries(v: &Value) -> Result<Vec<(String, String, f64)>> {
+    match v.as_array() {
+        Some(all) => all.iter().map(delivery).collect(),
+        None => Ok(vec![delivery(v)?]),
+    }
+}
+
+/// A reserve of up to `count` jobs that first acks every job in `held` (delayd's `ack=`
+/// extension, the ids and their leases each joined by commas), long-polling up to
+/// `timeout_s`: how many of those acks took (from the `Delayd-Acked` header), and the jobs
+/// it handed out.
+async fn reserve_acking_all(
+    conn: &mut Conn,
+    qpath: &str,
+    count: usize,
+    held: &[(String, String)],
+    timeout_s: u64,
+) -> Result<(usize, Vec<(String, String, f64)>)> {
+    let mut pq = format!("{qpath}?ttr=30&timeout={timeout_s}&count={count}");
+    if !held.is_empty() {
+        let join = |pick: fn(&(String, String)) -> &str| {
+            held.iter().map(pick).collect::<Vec<_>>().join(",")
+        };
+        pq.push_str(&format!("&ack={}&ack_lease={}", join(|h| &h.0), join(|h| &h.1)));
+    }
+    let answer = conn.get(&pq).await?;
+    let status = answer.status;
+    if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
+        bail!("reserve with {} acks: HTTP {status}: {}", held.len(), answer.json()?);
+    }
+    let mut acked = 0;
+    if !held.is_empty() {
+        let words = answer
+            .headers
+            .get("delayd-acked")
+            .and_then(|h| h.to_str().ok())
+            .context("a reserve with ack= answered without Delayd-Acked")?;
+        if words.split(',').count() != held.len() {
+            bail!("Delayd-Acked {words:?} does not answer the {} acks sent", held.len());
+        }
+        acked = words.split(',').filter(|w| *w == "true").count();
+    }
+    if status == StatusCode::NOT_FOUND {
+        return Ok((acked, Vec::new()));
+    }
+    Ok((acked, deliveries(&answer.json()?)?))
+}
+
+/// `drain-count10-ackfirst`: each reserve asks for up to [`RESERVE_COUNT`] jobs and carries
+/// the acks of every job the consumer's previous reserve handed out (`ack=id1,id2,…` with
+/// `ack_lease=l1,l2,…`): one request per round of up to ten jobs. A job counts once the
+/// answer's `Delayd-Acked` says its ack took.
+pub async fn drain_count10_ackfirst(ctx: &Ctx) -> Result<Row> {
+    let workload = "drain-count10-ackfirst";
+    let (queue, total) = drain_setup(ctx, workload).await?;
+    let acked = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..ctx.opts.clients {
+        let (mut conn, qpath, acked) = (ctx.conn(i)?, ctx.queue_path(&queue), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut d = Drainer::new(acked, total, start);
+            let mut held: Vec<(String, String)> = Vec::new();
+            while d.more() {
+                let t0 = Instant::now();
+                // No long poll, for the reason `drain-ackfirst` gives; once the queue is
+                // empty the held acks still go, with a reserve answered 404 at once.
+                let got = reserve_acking_all(&mut conn, &qpath, RESERVE_COUNT, &held, 0).await;
+                let sent = std::mem::take(&mut held);
+                match got {
+                    Ok((n, next)) if n == sent.len() => {
+                        held = next.into_iter().map(|(id, lease, _)| (id, lease)).collect();
+                        // The first round acks nothing but is not an empty poll.
+                        if n > 0 || held.is_empty() {
+                            d.record_acked(t0, Ok(n as u64));
+                        }
+                    }
+                    // On an error the held jobs are lost to this run: they come back only
+                    // after their ttr, and the row reports them as not drained.
+                    Ok((n, _)) => {
+                        let failed = sent.len() - n;
+                        d.record_acked(t0, Ok(n as u64));
+                        d.record(t0, Err(anyhow::anyhow!("{failed} carried acks did not take")));
+                    }
+                    Err(e) => {
+                        d.record(t0, Err(e));
+                    }
+                }
+            }
+            d.finish()
+        }));
+    }
+    let latency_of = "acks + reserve of ≤10 (1 request)";
+    drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await
+}
+
 /// `drain-count10`: as `drain`, but each reserve asks for up to [`RESERVE_COUNT`] jobs
 /// (`count=10`, answered with an array), and the consumer then acks each of them one by one.
 /// The latency is that of a whole round: the reserve and its acks.
@@ -776,8 +874,12 @@ pub fn lateness_histogram(samples: &MillisRecorder) -> Vec<(String, u64)> {
 /// `timer`: jobs come due at a steady rate over the next seconds, each published `lead` ms
 /// before its due time; consumers long-poll; lateness = delivery wall time − server's due
 /// time. Early deliveries are counted (must be 0).
-pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
-    let workload = if ack_first { "timer-ackfirst" } else { "timer" };
+pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
+    let workload = match (ack_first, count) {
+        (false, _) => "timer",
+        (true, 1) => "timer-ackfirst",
+        (true, _) => "timer-count10-ackfirst",
+    };
     let queue = workload;
     let rate = ctx.opts.timer_rate;
     let n = (rate as f64 * ctx.opts.timer_secs).round() as u64;
@@ -798,13 +900,13 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
             (received.clone(), published.clone(), publishing.clone());
         consumers.push(tokio::spawn(async move {
             let mut t = Tally::default();
-            // With `ack_first`, the job held since the last reserve, acked by the next one.
-            let mut held: Option<(String, String)> = None;
+            // With `ack_first`, the jobs held since the last reserve, acked by the next one.
+            let mut held: Vec<(String, String)> = Vec::new();
             loop {
                 let done = publishing.load(Ordering::Acquire) == 0
                     && received.load(Ordering::Relaxed) >= published.load(Ordering::Relaxed);
                 if done || Instant::now() > deadline {
-                    if let Some((id, lease)) = held.take() {
+                    for (id, lease) in held.drain(..) {
                         match ack(&mut conn, &qpath, &id, &lease).await {
                             Ok(()) => t.jobs += 1,
                             Err(e) => t.error(e),
@@ -812,40 +914,39 @@ pub async fn timer(ctx: &Ctx, ack_first: bool) -> Result<Row> {
                     }
                     return t;
                 }
-                let got = match &held {
-                    Some(prev) if ack_first => {
-                        match reserve_acking(&mut conn, &qpath, prev, POLL_S).await {
-                            Ok((true, got)) => {
-                                t.jobs += 1;
-                                held = None;
-                                Ok(got)
-                            }
-                            Ok((false, _)) => {
-                                Err(anyhow::anyhow!("the ack carried by a reserve failed"))
-                            }
-                            Err(e) => Err(e),
+                let got = if ack_first {
+                    let sent = std::mem::take(&mut held);
+                    match reserve_acking_all(&mut conn, &qpath, count, &sent, POLL_S).await {
+                        Ok((n, got)) if n == sent.len() => {
+                            t.jobs += n as u64;
+                            Ok(got)
                         }
+                        Ok((n, _)) => Err(anyhow::anyhow!(
+                            "{} of the {} acks carried by a reserve failed",
+                            sent.len() - n,
+                            sent.len()
+                        )),
+                        Err(e) => Err(e),
                     }
-                    _ => reserve(&mut conn, &qpath).await,
+                } else {
+                    reserve(&mut conn, &qpath).await.map(|got| got.into_iter().collect())
                 };
                 match got {
-                    Ok(Some((id, lease, due))) => {
-                        t.samples.record(wall_ms() - due);
-                        received.fetch_add(1, Ordering::Relaxed);
-                        if ack_first {
-                            held = Some((id, lease));
-                        } else {
-                            match ack(&mut conn, &qpath, &id, &lease).await {
-                                Ok(()) => t.jobs += 1,
-                                Err(e) => t.error(e),
+                    Ok(jobs) => {
+                        for (id, lease, due) in jobs {
+                            t.samples.record(wall_ms() - due);
+                            received.fetch_add(1, Ordering::Relaxed);
+                            if ack_first {
+                                held.push((id, lease));
+                            } else {
+                                match ack(&mut conn, &qpath, &id, &lease).await {
+                                    Ok(()) => t.jobs += 1,
+                                    Err(e) => t.error(e),
+                                }
                             }
                         }
                     }
-                    Ok(None) => {}
-                    Err(e) => {
-                        held = None;
-                        t.error(e)
-                    }
+                    Err(e) => t.error(e),
                 }
             }
         }));

@@ -130,7 +130,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     count: 10,
                     ttr_ms: Some(60_000),
                     wait: Duration::from_secs(5),
-                    ack: None,
+                    acks: Vec::new(),
                     order: ReserveOrder::QueueOrder,
                 };
                 let got = node.service().reserve(&Principal::Dev, request).await?.deliveries;

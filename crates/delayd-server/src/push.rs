@@ -136,7 +136,7 @@ async fn serve_queue(
             count: u32::try_from(permits.len()).unwrap_or(1),
             ttr_ms: Some(ttr_ms),
             wait: POLL,
-            ack: None,
+            acks: Vec::new(),
             order: ReserveOrder::QueueOrder,
         };
         match service.reserve(&Principal::Admin, request).await {

@@ -41,13 +41,26 @@ impl Client {
         headers: &[(&str, &str)],
         body: impl Into<Body>,
     ) -> (StatusCode, Value) {
+        let (status, _, value) = self.send(method, uri, headers, body).await;
+        (status, value)
+    }
+
+    /// As [`Client::call`], with the answer's headers.
+    async fn send(
+        &self,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Body>,
+    ) -> (StatusCode, axum::http::HeaderMap, Value) {
         let mut req = Request::builder().method(method).uri(uri);
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
         let resp = self.router.clone().oneshot(req.body(body.into()).unwrap()).await.unwrap();
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let (parts, body) = resp.into_parts();
+        let status = parts.status;
+        let bytes = body.collect().await.unwrap().to_bytes();
         let value = if bytes.is_empty() {
             Value::Null
         } else {
@@ -58,11 +71,18 @@ impl Client {
                 )
             })
         };
-        (status, value)
+        (status, parts.headers, value)
     }
 
     async fn get(&self, uri: &str) -> (StatusCode, Value) {
         self.call(Method::GET, uri, &[], Body::empty()).await
+    }
+
+    /// A GET (a reserve carrying `ack=`), with the answer's `Delayd-Acked` header.
+    async fn get_acked(&self, uri: &str) -> (StatusCode, Option<String>, Value) {
+        let (status, headers, v) = self.send(Method::GET, uri, &[], Body::empty()).await;
+        let acked = headers.get("delayd-acked").map(|h| h.to_str().unwrap().to_string());
+        (status, acked, v)
     }
 
     async fn put(&self, uri: &str, body: impl Into<Body>) -> (StatusCode, Value) {
@@ -368,6 +388,79 @@ async fn reserve_acks_the_previous_job_in_the_same_request() {
         (format!("{Q}?ack={third}&ack_lease=zz"), "ack_lease"),
         (format!("{Q}?ack_lease=1f"), "ack_lease"),
         (format!("{Q}?ack={third}&ack_queue=bad%20name"), "queue"),
+    ] {
+        let (status, v) = t.get(&uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(names), "{uri}: {v}");
+    }
+    assert_eq!(t.applied().await, applied, "refused requests wrote nothing");
+    t.stop().await;
+}
+
+/// `ack=` with several ids: a consumer that reserved a batch acks all of it on its next
+/// reserve, in the same entry; the answer says, id by id, which acks removed their job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_acks_every_job_of_the_previous_batch() {
+    let t = TestNode::start().await;
+    let lease_of = |job: &Value| job["lease"].as_str().unwrap().to_string();
+    let id_of = |job: &Value| job["job_id"].as_str().unwrap().to_string();
+    for body in ["a", "b", "c", "d", "e"] {
+        t.publish(Q, body).await;
+    }
+    let (status, batch) = t.get(&format!("{Q}?count=3")).await;
+    assert_eq!(status, StatusCode::OK, "{batch}");
+    let batch = batch.as_array().unwrap().clone();
+    assert_eq!(batch.len(), 3);
+    let ids: Vec<String> = batch.iter().map(id_of).collect();
+    let mut leases: Vec<String> = batch.iter().map(lease_of).collect();
+    // The second lease is not its job's: that ack removes nothing; the others do.
+    leases[1] = other_lease(&batch[1]["lease"]);
+
+    let applied = t.applied().await;
+    let uri = format!("{Q}?count=2&ack={}&ack_lease={}", ids.join(","), leases.join(","));
+    let (status, acked, next) = t.get_acked(&uri).await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert_eq!(acked.as_deref(), Some("true,false,true"), "the header, in the order of the ids");
+    let next = next.as_array().unwrap().clone();
+    assert_eq!(next.len(), 2, "the reserve was served all the same");
+    assert_eq!(t.applied().await, applied + 1, "the acks and the reserve share one entry");
+    for (id, gone) in ids.iter().zip([true, false, true]) {
+        let status = t.get(&format!("{Q}/job/{id}")).await.0;
+        assert_eq!(status == StatusCode::NOT_FOUND, gone, "job {id}");
+    }
+
+    // With count=1 the delivery's `acked` is an array of the same answers; one of the acks
+    // names its queue in `ack_queue`, one queue per id.
+    let other = t.publish("/api/ns/r", "r").await;
+    let other_lease_now = lease_of(&t.reserve("/api/ns/r").await);
+    t.publish(Q, "f").await;
+    let (ids, leases): (Vec<String>, Vec<String>) =
+        next.iter().map(|j| (id_of(j), lease_of(j))).chain([(other, other_lease_now)]).unzip();
+    let uri = format!("{Q}?ack={}&ack_lease={}&ack_queue=q,q,r", ids.join(","), leases.join(","));
+    let (status, acked, v) = t.get_acked(&uri).await;
+    assert_eq!((status, acked.as_deref()), (StatusCode::OK, Some("true,true,true")), "{v}");
+    assert_eq!(v["acked"], json!([true, true, true]), "{v}");
+    for id in &ids[..2] {
+        assert_eq!(t.get(&format!("{Q}/job/{id}")).await.0, StatusCode::NOT_FOUND);
+    }
+    assert_eq!(t.get(&format!("/api/ns/r/job/{}", ids[2])).await.0, StatusCode::NOT_FOUND);
+
+    // One id answers one word, in the header and in the 404 when nothing is ready.
+    let uri = format!("{Q}?ack={}&ack_lease={}", id_of(&v), lease_of(&v));
+    let (status, acked, v) = t.get_acked(&uri).await;
+    assert_eq!((status, acked.as_deref()), (StatusCode::NOT_FOUND, Some("true")));
+    assert_eq!(v, json!({"msg": "no job available", "acked": true}));
+
+    // Lists that do not match, and more acks than one reserve carries, are refused before
+    // anything is written.
+    let applied = t.applied().await;
+    let too_many = vec![UNKNOWN_ID; 101].join(",");
+    for (uri, names) in [
+        (format!("{Q}?ack={UNKNOWN_ID},,{UNKNOWN_ID}"), "job id"),
+        (format!("{Q}?ack={too_many}"), "at most 100"),
+        (format!("{Q}?ack={UNKNOWN_ID},{UNKNOWN_ID}&ack_lease=1f"), "1 tokens for 2 ids"),
+        (format!("{Q}?ack={UNKNOWN_ID},{UNKNOWN_ID}&ack_lease=1f,zz"), "ack_lease"),
+        (format!("{Q}?ack={UNKNOWN_ID},{UNKNOWN_ID}&ack_queue=q,r,s"), "3 queues for 2 ids"),
     ] {
         let (status, v) = t.get(&uri).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {v}");

@@ -36,7 +36,7 @@ async fn a_reserve_whose_caller_is_gone_releases_what_it_leased() {
                 count: 1,
                 ttr_ms: Some(60_000),
                 wait: Duration::ZERO,
-                ack: None,
+                acks: Vec::new(),
                 order: ReserveOrder::QueueOrder,
             };
             tokio::spawn(async move { s.reserve(&Principal::Dev, request).await })
@@ -132,15 +132,15 @@ async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_aga
     for body in [b"first".to_vec(), b"second".to_vec()] {
         f.publish(&dev, queue.clone(), &params, body).await.expect("publish");
     }
-    let request = |ack: Option<AckFirst>| ReserveRequest {
+    let request = |acks: Vec<AckFirst>| ReserveRequest {
         queues: vec![queue.clone()],
         count: 1,
         ttr_ms: Some(60_000),
         wait: Duration::ZERO,
-        ack,
+        acks,
         order: ReserveOrder::QueueOrder,
     };
-    let got = f.reserve(&dev, request(None)).await.expect("reserve");
+    let got = f.reserve(&dev, request(Vec::new())).await.expect("reserve");
     let first = got.deliveries.first().expect("a job ready");
     let (id, lease) = (first.job.id, first.lease);
 
@@ -150,7 +150,7 @@ async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_aga
     filter.arm(follower, std::time::Instant::now() + cut);
     let ack = AckFirst { queue: queue.clone(), id, lease: Some(lease) };
     let caller =
-        tokio::time::timeout(Duration::from_millis(200), f.reserve(&dev, request(Some(ack))));
+        tokio::time::timeout(Duration::from_millis(200), f.reserve(&dev, request(vec![ack])));
     assert!(caller.await.is_err(), "the reserve answered while its leader was out of reach");
 
     // The caller is gone; its write fails when its request timeout ends. The ack alone is

@@ -351,7 +351,7 @@ impl Connection {
                 count: 1,
                 ttr_ms: None,
                 wait,
-                ack: None,
+                acks: Vec::new(),
                 order: ReserveOrder::MostUrgent,
             };
             let got = match self.service.reserve(&self.principal, request).await {

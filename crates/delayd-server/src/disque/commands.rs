@@ -390,7 +390,7 @@ async fn getjob(
             count,
             ttr_ms: None,
             wait,
-            ack: None,
+            acks: Vec::new(),
             order: ReserveOrder::QueueOrder,
         };
         let got = s.reserve(caller, request).await?.deliveries;

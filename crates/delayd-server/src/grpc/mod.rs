@@ -260,7 +260,7 @@ impl Delayd for Api {
                 count: r.count.unwrap_or(1),
                 ttr_ms: ttr(None, r.ttr_ms)?,
                 wait: Duration::from_millis(r.wait_ms),
-                ack: None,
+                acks: Vec::new(),
                 order: ReserveOrder::QueueOrder,
             };
             let got = tokio::select! {

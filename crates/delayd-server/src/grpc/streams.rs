@@ -175,7 +175,7 @@ pub(super) async fn push_deliveries(
             count,
             ttr_ms,
             wait: STREAM_POLL,
-            ack: None,
+            acks: Vec::new(),
             order: ReserveOrder::QueueOrder,
         };
         let reserve = service.reserve(&caller, request);

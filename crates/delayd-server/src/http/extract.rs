@@ -19,7 +19,7 @@ use super::error::{bad, ApiError};
 use crate::error::ServiceError;
 use crate::service::auth::{header_credential, Scope};
 use crate::service::reserve::AckFirst;
-use crate::service::validate::{self, job_id, queue_name};
+use crate::service::validate::{self, job_id, queue_name, MAX_RESERVE_COUNT};
 use crate::service::{Principal, PublishParams, Service};
 
 /// The credential a request shows: `Authorization: Bearer`, `X-Token`, or `?token=`.
@@ -162,12 +162,7 @@ impl Params {
 
     /// A reservation's lease, in the hex reserve returned, from parameter `name`.
     fn lease_in(&self, name: &str) -> Result<Option<u64>, ApiError> {
-        match self.str(name) {
-            None => Ok(None),
-            Some(s) => u64::from_str_radix(s, 16)
-                .map(Some)
-                .map_err(|_| bad(format!("invalid {name} {s:?}: expected the token from reserve"))),
-        }
+        self.str(name).map(|s| lease_token(name, s)).transpose()
     }
 
     /// `?lease=`.
@@ -185,26 +180,61 @@ impl Params {
         Ok(validate::due(self.secs("delay")?, self.num("delay_ms")?, self.num("at")?)?)
     }
 
-    /// A reserve's `ack` extension: `ack` (a job id) with its `ack_lease`, in `ack_queue`
-    /// (default: the first queue reserved from), all of namespace `ns`.
+    /// A reserve's `ack` extension: `ack`, one job id or several separated by commas (at
+    /// most [`MAX_RESERVE_COUNT`]), with `ack_lease`, absent or one token per id in the same
+    /// order, in `ack_queue`, absent (the first queue reserved from), one queue for every id,
+    /// or one queue per id; all of namespace `ns`.
     pub(crate) fn ack_first(
         &self,
         ns: &str,
         queues: &[QueueName],
-    ) -> Result<Option<AckFirst>, ApiError> {
-        let Some(id) = self.str("ack") else {
+    ) -> Result<Vec<AckFirst>, ApiError> {
+        let Some(ids) = self.str("ack") else {
             if self.0.contains_key("ack_lease") || self.0.contains_key("ack_queue") {
                 return Err(bad("ack_lease and ack_queue need ack (the job id to ack)"));
             }
-            return Ok(None);
+            return Ok(Vec::new());
         };
-        let id = job_id(id)?;
-        let lease = self.lease_in("ack_lease")?;
-        let queue = match self.str("ack_queue") {
-            Some(q) => queue_name(ns, q)?,
-            None => queues.first().cloned().ok_or_else(|| bad("no queue named"))?,
+        let ids: Vec<&str> = ids.split(',').collect();
+        if ids.len() > MAX_RESERVE_COUNT as usize {
+            return Err(bad(format!(
+                "ack names {} jobs; at most {MAX_RESERVE_COUNT} are acked on one reserve",
+                ids.len()
+            )));
+        }
+        let leases: Vec<Option<&str>> = match self.str("ack_lease") {
+            None => vec![None; ids.len()],
+            Some(all) => all.split(',').map(Some).collect(),
         };
-        Ok(Some(AckFirst { queue, id, lease }))
+        if leases.len() != ids.len() {
+            return Err(bad(format!(
+                "ack_lease has {} tokens for {} ids in ack: one per id, in the same order",
+                leases.len(),
+                ids.len()
+            )));
+        }
+        let named: Vec<&str> =
+            self.str("ack_queue").map(|q| q.split(',').collect()).unwrap_or_default();
+        let queue_of = |i: usize| -> Result<QueueName, ApiError> {
+            match named.as_slice() {
+                [] => queues.first().cloned().ok_or_else(|| bad("no queue named")),
+                [one] => Ok(queue_name(ns, one)?),
+                many if many.len() == ids.len() => Ok(queue_name(ns, many[i])?),
+                many => Err(bad(format!(
+                    "ack_queue names {} queues for {} ids in ack: one for all, or one per id",
+                    many.len(),
+                    ids.len()
+                ))),
+            }
+        };
+        ids.iter()
+            .zip(leases)
+            .enumerate()
+            .map(|(i, (id, lease))| {
+                let lease = lease.map(|l| lease_token("ack_lease", l)).transpose()?;
+                Ok(AckFirst { queue: queue_of(i)?, id: job_id(id)?, lease })
+            })
+            .collect()
     }
 
     /// A publish's parameters, with the service's defaults for what is absent; attributes
@@ -266,6 +296,12 @@ pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<
         }
         Err(r) => Err(bad(format!("cannot read body: {}", r.body_text()))),
     }
+}
+
+/// A lease token as reserve hands it out (hex), from parameter `name`.
+fn lease_token(name: &str, s: &str) -> Result<u64, ApiError> {
+    u64::from_str_radix(s, 16)
+        .map_err(|_| bad(format!("invalid {name} {s:?}: expected the token from reserve")))
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ pub(crate) async fn reserve(
     let queues = queue_names(&ns, qs.split(','))?;
     let count = p.num::<u32>("count")?.unwrap_or(1);
     let request = ReserveRequest {
-        ack: p.ack_first(&ns, &queues)?,
+        acks: p.ack_first(&ns, &queues)?,
         order: ReserveOrder::QueueOrder,
         queues,
         count,
@@ -85,24 +85,24 @@ pub(crate) async fn reserve(
         wait: Duration::from_secs(p.num::<u64>("timeout")?.unwrap_or(0)),
     };
     let got = s.reserve(&caller, request).await?;
-    if got.deliveries.is_empty() {
-        let mut v = json!({"msg": "no job available"});
-        if let Some(a) = got.acked {
-            v["acked"] = json!(a);
-        }
-        return Ok((StatusCode::NOT_FOUND, Json(v)).into_response());
-    }
+    let acked = render::Acked::of(&got.acked);
     let now = s.now_ms();
     // lmstfy answers one object for count=1 and an array when more were asked for (the
-    // array has no room for `acked`: it travels in a header as well).
+    // array has no room for `acked`: it travels in a header as well, on every answer).
     let mut resp = match got.deliveries.as_slice() {
-        [one] if count == 1 => Json(render::delivery(one, now, got.acked)).into_response(),
+        [] => {
+            let mut v = json!({"msg": "no job available"});
+            if let Some(a) = acked {
+                v["acked"] = json!(a);
+            }
+            (StatusCode::NOT_FOUND, Json(v)).into_response()
+        }
+        [one] if count == 1 => Json(render::delivery(one, now, acked)).into_response(),
         all => Json(all.iter().map(|d| render::delivery(d, now, None)).collect::<Vec<_>>())
             .into_response(),
     };
-    if let Some(a) = got.acked {
-        resp.headers_mut()
-            .insert("delayd-acked", HeaderValue::from_static(if a { "true" } else { "false" }));
+    if let Some(header) = acked.and_then(|a| HeaderValue::from_str(&a.header()).ok()) {
+        resp.headers_mut().insert("delayd-acked", header);
     }
     Ok(resp)
 }

@@ -17,9 +17,9 @@ use crate::service::publish::Published;
 /// a second), with its keys in the alphabetical order a JSON object built by hand had.
 #[derive(Serialize)]
 pub(crate) struct JobAnswer<'a> {
-    /// Whether the previous job acked on this reserve went (the `ack=` extension).
+    /// Whether the previous jobs acked on this reserve went (the `ack=` extension).
     #[serde(skip_serializing_if = "Option::is_none")]
-    acked: Option<bool>,
+    acked: Option<Acked<'a>>,
     attempt: u16,
     /// `null` when there are none.
     attributes: Option<&'a BTreeMap<String, String>>,
@@ -94,9 +94,38 @@ pub(crate) fn job(job: &Job, now: u64) -> JobAnswer<'_> {
     }
 }
 
+/// Whether the acks that rode on a reserve (`ack=`) removed their jobs: `true` or `false`
+/// for one id, an array in the order of the ids for several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Acked<'a> {
+    One(bool),
+    Many(&'a [bool]),
+}
+
+impl<'a> Acked<'a> {
+    /// The answer for `acked`, one per ack asked for; `None` when none was.
+    pub(crate) fn of(acked: &'a [bool]) -> Option<Acked<'a>> {
+        match acked {
+            [] => None,
+            [one] => Some(Acked::One(*one)),
+            many => Some(Acked::Many(many)),
+        }
+    }
+
+    /// The `Delayd-Acked` header's value: `true`, `false`, or such words joined by commas.
+    pub(crate) fn header(self) -> String {
+        let word = |a: &bool| if *a { "true" } else { "false" };
+        match self {
+            Acked::One(a) => word(&a).to_string(),
+            Acked::Many(all) => all.iter().map(word).collect::<Vec<_>>().join(","),
+        }
+    }
+}
+
 /// A job handed to a consumer: the job, its lease (hex) and the lease's deadline; with
-/// `acked`, whether the ack that rode on the reserve went.
-pub(crate) fn delivery(d: &Delivery, now: u64, acked: Option<bool>) -> JobAnswer<'_> {
+/// `acked`, whether the acks that rode on the reserve went.
+pub(crate) fn delivery<'a>(d: &'a Delivery, now: u64, acked: Option<Acked<'a>>) -> JobAnswer<'a> {
     JobAnswer {
         acked,
         lease: Some(Hex(d.lease)),
@@ -215,8 +244,16 @@ mod tests {
             (&json!("k"), &json!({"a": "b"}), &json!(0))
         );
         assert!(v.get("acked").is_none(), "{v}");
-        let acked: Value = serde_json::from_str(&text(delivery(&d, 2_000, Some(false)))).unwrap();
+        let acked: Value =
+            serde_json::from_str(&text(delivery(&d, 2_000, Some(Acked::One(false))))).unwrap();
         assert_eq!(acked["acked"], false);
+        let many = [true, false];
+        let acked: Value =
+            serde_json::from_str(&text(delivery(&d, 2_000, Acked::of(&many)))).unwrap();
+        assert_eq!(acked["acked"], serde_json::json!([true, false]));
+        assert_eq!(Acked::of(&many).map(Acked::header).as_deref(), Some("true,false"));
+        assert_eq!(Acked::of(&[true]).map(Acked::header).as_deref(), Some("true"));
+        assert_eq!(Acked::of(&[]), None);
         // A delivery of a job without a lease (never the case once reserved) shows null.
         let d = Delivery { job: Job { lease: None, ..d.job }, lease: 1 };
         let v: Value = serde_json::from_str(&text(delivery(&d, 2_000, None))).unwrap();

@@ -1,5 +1,5 @@
 //! Reserving: taking ready jobs under a lease, waiting for them with a long-poll, and
-//! acking the previous job in the same round trip.
+//! acking the previous jobs in the same round trip.
 //!
 //! A reserve that finds nothing parks on the [`super::waiters`] of its queues, which the
 //! apply path wakes when an entry makes jobs ready there. On the leader it also rides the
@@ -32,9 +32,10 @@ pub struct ReserveRequest {
     pub ttr_ms: Option<u64>,
     /// How long to wait for a job when none is ready, at most [`MAX_WAIT`].
     pub wait: Duration,
-    /// The consumer's previous job, acked in the same log entry as a reserve attempt: the
-    /// first, or, when nothing is ready and the reserve waits, the one a wake-up starts.
-    pub ack: Option<AckFirst>,
+    /// The consumer's previous jobs (at most [`MAX_RESERVE_COUNT`]), acked in the same log
+    /// entry as a reserve attempt: the first, or, when nothing is ready and the reserve
+    /// waits, the one a wake-up starts.
+    pub acks: Vec<AckFirst>,
     /// Which ready jobs go first.
     pub order: ReserveOrder,
 }
@@ -50,7 +51,7 @@ pub enum ReserveOrder {
     MostUrgent,
 }
 
-/// The job a consumer acks on its next reserve.
+/// A job a consumer acks on its next reserve.
 #[derive(Clone, Debug)]
 pub struct AckFirst {
     /// Its queue.
@@ -64,29 +65,35 @@ pub struct AckFirst {
 /// What a reserve got.
 #[derive(Clone, Debug, Default)]
 pub struct Reserved {
-    /// Whether the acked job was removed; `None` when no ack was asked for. A lease that is
-    /// no longer the job's acks nothing and answers `false`, as a plain ack would answer its
-    /// conflict.
-    pub acked: Option<bool>,
+    /// Whether each acked job was removed, in the order the acks were asked for; empty when
+    /// none was. A lease that is no longer the job's acks nothing and answers `false`, as a
+    /// plain ack would answer its conflict.
+    pub acked: Vec<bool>,
     /// The jobs now leased to the caller.
     pub deliveries: Vec<Delivery>,
 }
 
 impl Service {
     /// Reserves up to `count` jobs from the queues in order, waiting up to `wait` for one,
-    /// after acking the consumer's previous job when `ack` names one: the ack rides in the
-    /// same log entry as a reserve attempt, so a consumer that acks and reserves makes one
-    /// round trip. The ack happens even when nothing is ready: at once, or, when the reserve
-    /// is going to wait, with the attempt a wake-up starts (see [`Service::ack_hold`]).
+    /// after acking the consumer's previous jobs named in `acks`: the acks ride in the same
+    /// log entry as a reserve attempt, so a consumer that acks and reserves makes one round
+    /// trip, and one that reserves many at a time acks them all on its next reserve. The
+    /// acks happen even when nothing is ready: at once, or, when the reserve is going to
+    /// wait, with the attempt a wake-up starts (see [`Service::ack_hold`]).
     pub async fn reserve(
         &self,
         caller: &Principal,
         request: ReserveRequest,
     ) -> Result<Reserved, ServiceError> {
-        let ReserveRequest { queues, count, ttr_ms, wait, ack, order } = request;
+        let ReserveRequest { queues, count, ttr_ms, wait, acks, order } = request;
         self.subscribe(caller, &queues, ttr_ms)?;
-        if ack.as_ref().is_some_and(|a| a.queue.namespace != queues[0].namespace) {
+        if acks.iter().any(|a| a.queue.namespace != queues[0].namespace) {
             return Err(ServiceError::bad_request("a reserve's queues are of one namespace"));
+        }
+        if acks.len() > MAX_RESERVE_COUNT as usize {
+            return Err(ServiceError::bad_request(format!(
+                "at most {MAX_RESERVE_COUNT} jobs are acked on one reserve"
+            )));
         }
         if count == 0 || count > MAX_RESERVE_COUNT {
             return Err(ServiceError::bad_request(format!(
@@ -108,12 +115,15 @@ impl Service {
         let mut drain = None;
         let mut ack = PendingAck {
             service: self,
-            command: ack.map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease }),
+            commands: acks
+                .into_iter()
+                .map(|a| Command::Ack { queue: a.queue, id: a.id, lease: a.lease })
+                .collect(),
         };
-        let mut acked = None;
-        // When a held ack must go at the latest; `None` when the ack is not held.
+        let mut acked = Vec::new();
+        // When held acks must go at the latest; `None` when they are not held.
         let ack_due = self
-            .ack_hold(ack.command.as_ref(), &queues, wait)
+            .ack_hold(&ack.commands, &queues, wait)
             .await
             .map(|hold| (started + hold).min(deadline));
         // The first attempt goes to the leader, which answers "nothing ready" from its own
@@ -136,10 +146,10 @@ impl Service {
             for w in &mut woken {
                 w.as_mut().enable();
             }
-            // One reading of the clock per round: a held ack falls due by the deadline, so a
-            // round past the deadline always sends it with an attempt.
+            // One reading of the clock per round: held acks fall due by the deadline, so a
+            // round past the deadline always sends them with an attempt.
             let now = Instant::now();
-            let ack_overdue = ack.command.is_some() && ack_due.is_some_and(|due| now >= due);
+            let ack_overdue = !ack.commands.is_empty() && ack_due.is_some_and(|due| now >= due);
             let attempt = if std::mem::take(&mut first_round) {
                 ack_due.is_none() || ack_overdue
             } else {
@@ -147,9 +157,9 @@ impl Service {
             };
             if attempt {
                 let reserve = reserve_command(&queues, count, ttr_ms, order);
-                let got = self.reserve_once(ack.command.take(), reserve).await?;
+                let got = self.reserve_once(std::mem::take(&mut ack.commands), reserve).await?;
                 self.metrics().reserve_attempt(!got.deliveries.is_empty(), false);
-                acked = acked.or(got.acked);
+                keep_acked(&mut acked, got.acked);
                 if !got.deliveries.is_empty() || Instant::now() >= deadline {
                     return Ok(Reserved { acked, deliveries: got.deliveries });
                 }
@@ -167,21 +177,21 @@ impl Service {
             }
             let drain = drain.get_or_insert_with(|| self.drain_watch());
             if *drain.borrow_and_update() {
-                // Answered without waiting any longer, once a held ack is written.
-                if let Some(a) = ack.command.take() {
-                    acked = Some(self.ack_alone(a).await?);
+                // Answered without waiting any longer, once held acks are written.
+                if !ack.commands.is_empty() {
+                    acked = self.ack_alone(std::mem::take(&mut ack.commands)).await?;
                 }
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
             let _parked = Parked::new(self);
-            // Before the ride below takes the held ack: while it is held, its hold's end
+            // Before the ride below takes the held acks: while they are held, the hold's end
             // wakes the reserve.
-            let wake_at = ack_due.filter(|_| ack.command.is_some()).unwrap_or(deadline);
-            // On the leader the reserve, with its held ack, rides the timer pump's next tick,
+            let wake_at = ack_due.filter(|_| !ack.commands.is_empty()).unwrap_or(deadline);
+            // On the leader the reserve, with its held acks, rides the timer pump's next tick,
             // which delivers in its own entry instead of waking us to propose another.
             let mut ride = if self.inner.cluster.is_leader() {
                 let reserve = reserve_command(&queues, count, ttr_ms, order);
-                Some(Ride::park(self, &mut ack.command, reserve)?)
+                Some(Ride::park(self, &mut ack.commands, reserve)?)
             } else {
                 None
             };
@@ -199,9 +209,9 @@ impl Service {
             let Some(mut ride) = ride else { continue };
             let got = match rode {
                 Some(got) => got,
-                // It never rode: the ack is held again, and the round looks again.
+                // It never rode: the acks are held again, and the round looks again.
                 None if ride.withdraw() => {
-                    ack.command = ride.ack.take();
+                    ack.commands = std::mem::take(&mut ride.acks);
                     continue;
                 }
                 // Taken by the pump: its entry is on the way (bounded by the proposer's
@@ -211,22 +221,22 @@ impl Service {
             let got = match got {
                 Ok(got) => got,
                 // This node stopped leading before the tick was proposed: nothing was
-                // written, so the reserve goes on as a waiter, its ack held again.
+                // written, so the reserve goes on as a waiter, its acks held again.
                 Err(ServiceError::NotLeader(_)) => {
-                    ack.command = ride.ack.take();
+                    ack.commands = std::mem::take(&mut ride.acks);
                     continue;
                 }
-                // The tick's outcome is unknown. Without an ack there is nothing to tell: the
+                // The tick's outcome is unknown. Without acks there is nothing to tell: the
                 // reserve waits on (should the entry have leased it jobs, they come back when
-                // their ttr ends). An ack's outcome, the consumer must hear.
-                Err(ServiceError::Unavailable(e)) if ride.ack.is_none() => {
+                // their ttr ends). The acks' outcome, the consumer must hear.
+                Err(ServiceError::Unavailable(e)) if ride.acks.is_empty() => {
                     tracing::debug!(error = %e, "a reserve's ride failed; it waits on");
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             self.metrics().reserve_attempt(!got.deliveries.is_empty(), true);
-            acked = acked.or(got.acked);
+            keep_acked(&mut acked, got.acked);
             if !got.deliveries.is_empty() {
                 return Ok(Reserved { acked, deliveries: got.deliveries });
             }
@@ -235,40 +245,47 @@ impl Service {
         }
     }
 
-    /// How long a reserve may hold the ack it carries, or `None` to send it at once.
+    /// How long a reserve may hold the acks it carries, or `None` to send them at once.
     ///
-    /// A consumer that acks its last job on the next reserve usually finds nothing ready
-    /// when many consumers share a queue: its ack would take a log entry of its own, and the
-    /// reserve a wake-up starts later a second one. Held, the ack goes into the woken
-    /// reserve's entry instead. It is held at most `ack_hold` and never past the reserve's
-    /// own wait; then it goes with a reserve attempt as before.
+    /// A consumer that acks its last jobs on the next reserve usually finds nothing ready
+    /// when many consumers share a queue: its acks would take a log entry of their own, and
+    /// the reserve a wake-up starts later a second one. Held, the acks go into the woken
+    /// reserve's entry instead. They are held at most `ack_hold` and never past the
+    /// reserve's own wait; then they go with a reserve attempt as before.
     ///
-    /// Held only when this replica shows nothing ready (else the reserve goes at once, ack
-    /// and all), and when the acked job's lease, as this replica knows it, has twice the
+    /// Held only when this replica shows nothing ready (else the reserve goes at once, acks
+    /// and all), and when every acked job's lease, as this replica knows it, has twice the
     /// hold left and the request timeout besides: a lease that ran out while its ack was
     /// held, or while the ack was being committed, would hand a finished job to another
     /// consumer. "Left" counts from the later of this node's clock and the replicated one,
     /// so a clock behind the leader's does not stretch it. A failed read only means no hold.
     async fn ack_hold(
         &self,
-        ack: Option<&Command>,
+        acks: &[Command],
         queues: &[QueueName],
         wait: Duration,
     ) -> Option<Duration> {
         let hold = self.config().ack_hold.min(wait);
-        let Some(Command::Ack { queue, id, lease }) = ack.filter(|_| !hold.is_zero()) else {
+        if acks.is_empty() || hold.is_zero() {
             return None;
-        };
+        }
+        // The earliest of the acked jobs' lease deadlines, with the replicated clock;
+        // `None` when a job is ready, or an acked job holds no such lease.
         let lease_deadline_ms = self
             .read(true, |v| {
                 if query::anything_ready(v, queues)? {
                     return Ok(None);
                 }
-                let held_lease = query::job(v, queue, *id)?
-                    .and_then(|job| job.lease)
-                    .filter(|l| lease.is_none_or(|token| token == l.token));
-                let now_ms = query::clock(v)?;
-                Ok(held_lease.map(|l| (l.deadline_ms, now_ms)))
+                let mut earliest = u64::MAX;
+                for ack in acks {
+                    let Command::Ack { queue, id, lease } = ack else { return Ok(None) };
+                    let held_lease = query::job(v, queue, *id)?
+                        .and_then(|job| job.lease)
+                        .filter(|l| lease.is_none_or(|token| token == l.token));
+                    let Some(l) = held_lease else { return Ok(None) };
+                    earliest = earliest.min(l.deadline_ms);
+                }
+                Ok(Some((earliest, query::clock(v)?)))
             })
             .await
             .ok()
@@ -280,10 +297,10 @@ impl Service {
         (left >= needed).then_some(hold)
     }
 
-    /// Sends a held ack on its own (the reserve ends without another attempt), answering
-    /// whether it removed the job.
-    async fn ack_alone(&self, ack: Command) -> Result<bool, ServiceError> {
-        Ok(self.write(vec![ack]).await?.pop().is_some_and(|o| removed(&o)))
+    /// Sends held acks on their own (the reserve ends without another attempt), answering
+    /// whether each removed its job.
+    async fn ack_alone(&self, acks: Vec<Command>) -> Result<Vec<bool>, ServiceError> {
+        Ok(self.write(acks).await?.iter().map(removed).collect())
     }
 
     /// Reserves one job by id, out of line, if it is ready, delayed or dead (beanstalkd's
@@ -297,7 +314,7 @@ impl Service {
     ) -> Result<Option<Delivery>, ServiceError> {
         self.subscribe(caller, std::slice::from_ref(&queue), ttr_ms)?;
         let command = Command::ReserveJob { queue, id, ttr_ms, lease_seed: rand::random() };
-        match self.reserve_once(None, command).await {
+        match self.reserve_once(Vec::new(), command).await {
             Ok(got) => Ok(got.deliveries.into_iter().next()),
             Err(ServiceError::NotFound(_) | ServiceError::Conflict(_)) => Ok(None),
             Err(e) => Err(e),
@@ -327,27 +344,27 @@ impl Service {
         Ok(())
     }
 
-    /// Proposes one reserve (after `ack`, when there is one) in a task of its own,
-    /// so that deliveries whose caller has gone (the client disconnected, the request was
-    /// dropped) while the entry was being committed are released at once instead of staying
-    /// leased for their ttr — with one try left they would otherwise go to the dead letter
-    /// without ever being handed out. For the same reason, an ack whose write failed after
-    /// its caller had gone is sent again: nobody else would, and the finished job would be
-    /// delivered again when its ttr ran out.
+    /// Proposes one reserve (after `acks`) in a task of its own, so that deliveries whose
+    /// caller has gone (the client disconnected, the request was dropped) while the entry
+    /// was being committed are released at once instead of staying leased for their ttr —
+    /// with one try left they would otherwise go to the dead letter without ever being
+    /// handed out. For the same reason, acks whose write failed after their caller had gone
+    /// are sent again: nobody else would, and the finished jobs would be delivered again
+    /// when their ttr ran out.
     async fn reserve_once(
         &self,
-        ack: Option<Command>,
+        acks: Vec<Command>,
         reserve: Command,
     ) -> Result<Reserved, ServiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let service = self.clone();
-        let commands = ack.iter().cloned().chain([reserve]).collect();
+        let commands = acks.iter().cloned().chain([reserve]).collect();
         tokio::spawn(async move {
             let got = match service.write(commands).await {
                 Ok(outcomes) => reserved(outcomes),
                 Err(e) => Err(e),
             };
-            hand_over(&service, tx, got, ack);
+            hand_over(&service, tx, got, acks);
         });
         let mut outcome = ReserveOutcome { rx: Some(rx), service: self };
         outcome.recv(|| ServiceError::Internal("the reserve task ended".into())).await
@@ -400,24 +417,24 @@ fn reserve_command(
 /// commands wait with the pump until a tick takes them or the reserve withdraws them.
 ///
 /// Dropped while still parked (the client went away), it withdraws them and still sends the
-/// ack among them, as [`PendingAck`] would; dropped after the pump took them, the
+/// acks among them, as [`PendingAck`] would; dropped after the pump took them, the
 /// deliveries are returned, as for any reserve whose caller has gone ([`ReserveOutcome`]).
 struct Ride<'a> {
     service: &'a Service,
     /// Its place with the pump, until it is withdrawn.
     ticket: Option<u64>,
-    /// The ack that rides with the reserve (a copy; the pump holds the command).
-    ack: Option<Command>,
+    /// The acks that ride with the reserve (copies; the pump holds the commands).
+    acks: Vec<Command>,
     outcome: ReserveOutcome<'a>,
 }
 
 impl<'a> Ride<'a> {
-    /// Parks `reserve`, after the held ack when there is one (taken from `held` once
-    /// parked), with the pump. `reserve` must be a reserve command (`Reserve` or
-    /// `ReserveUrgent`); anything else is refused, and the ack stays held.
+    /// Parks `reserve`, after the held acks (taken from `held` once parked), with the pump.
+    /// `reserve` must be a reserve command (`Reserve` or `ReserveUrgent`); anything else is
+    /// refused, and the acks stay held.
     fn park(
         service: &'a Service,
-        held: &mut Option<Command>,
+        held: &mut Vec<Command>,
         reserve: Command,
     ) -> Result<Ride<'a>, ServiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -429,11 +446,11 @@ impl<'a> Ride<'a> {
         let commands = held.iter().cloned().chain([reserve]).collect();
         let rider = Rider::new(commands, Box::new(deliver))
             .ok_or_else(|| ServiceError::Internal("a ride without a reserve".into()))?;
-        let ack = held.take();
+        let acks = std::mem::take(held);
         Ok(Ride {
             service,
             ticket: Some(service.inner.cluster.riders().park(rider)),
-            ack,
+            acks,
             outcome: ReserveOutcome { rx: Some(rx), service },
         })
     }
@@ -447,7 +464,7 @@ impl<'a> Ride<'a> {
     }
 
     /// Takes the commands back from the pump, if it has not taken them: `true` when it had
-    /// not, and the ack in [`Ride::ack`] is the caller's to send again; `false` when it had,
+    /// not, and the acks in [`Ride::acks`] are the caller's to send again; `false` when it had,
     /// and the outcome is coming.
     fn withdraw(&mut self) -> bool {
         let Some(ticket) = self.ticket.take() else { return false };
@@ -458,25 +475,33 @@ impl<'a> Ride<'a> {
 impl Drop for Ride<'_> {
     fn drop(&mut self) {
         if self.withdraw() {
-            drop(PendingAck { service: self.service, command: self.ack.take() });
+            drop(PendingAck { service: self.service, commands: std::mem::take(&mut self.acks) });
         }
     }
 }
 
 /// Hands a reserve's outcome to its caller. When the caller has gone, nobody else will act
 /// on it: the jobs it was given are returned (in a task of its own), and, if it failed,
-/// `unsent` (the ack that went with it, when the caller no longer holds a copy) is sent
-/// again; an ack that did go removes nothing the second time.
+/// `unsent` (the acks that went with it, of which the caller no longer holds a copy) are
+/// sent again; an ack that did go removes nothing the second time.
 fn hand_over(
     service: &Service,
     tx: tokio::sync::oneshot::Sender<Result<Reserved, ServiceError>>,
     got: Result<Reserved, ServiceError>,
-    unsent: Option<Command>,
+    unsent: Vec<Command>,
 ) {
     match tx.send(got) {
         Ok(()) => {}
         Err(Ok(undelivered)) => spawn_return(service, undelivered.deliveries),
-        Err(Err(_)) => drop(PendingAck { service, command: unsent }),
+        Err(Err(_)) => drop(PendingAck { service, commands: unsent }),
+    }
+}
+
+/// Keeps the first answer about the acks: they go with one attempt only, and later attempts
+/// carry none.
+fn keep_acked(acked: &mut Vec<bool>, got: Vec<bool>) {
+    if acked.is_empty() {
+        *acked = got;
     }
 }
 
@@ -487,12 +512,12 @@ fn spawn_return(service: &Service, deliveries: Vec<Delivery>) {
     runtime.spawn(async move { service.return_deliveries(deliveries).await });
 }
 
-/// The outcomes of a reserve, possibly after an ack: whether the ack removed its job, and
+/// The outcomes of a reserve after its acks (if any): whether each ack removed its job, and
 /// the deliveries. A rejected ack (its lease is no longer the job's) removed nothing.
 fn reserved(mut outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
-    // The reserve comes last, after the ack when there is one.
+    // The reserve comes last, after the acks.
     let outcome = outcomes.pop().ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
-    let acked = outcomes.pop().map(|ack| removed(&ack));
+    let acked = outcomes.iter().map(removed).collect();
     match outcome? {
         Reply::Reserved(deliveries) => Ok(Reserved { acked, deliveries }),
         r => Err(unexpected(r)),
@@ -537,24 +562,26 @@ impl Drop for ReserveOutcome<'_> {
     }
 }
 
-/// The ack a reserve carries, until it goes into the log. Should the reserve end without
-/// sending it (the client went away while it was held, or an error ended the reserve), it
-/// is still sent, in a task of its own: the consumer had finished the job, and an ack lost
-/// would deliver the job again after its ttr.
+/// The acks a reserve carries, until they go into the log. Should the reserve end without
+/// sending them (the client went away while they were held, or an error ended the
+/// reserve), they are still sent, in a task of their own: the consumer had finished the
+/// jobs, and an ack lost would deliver its job again after its ttr.
 struct PendingAck<'a> {
     service: &'a Service,
-    command: Option<Command>,
+    commands: Vec<Command>,
 }
 
 impl Drop for PendingAck<'_> {
     fn drop(&mut self) {
-        let Some(ack) = self.command.take() else { return };
+        if self.commands.is_empty() {
+            return;
+        }
         // No runtime (it is shutting down): nothing can be sent any more.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let service = self.service.clone();
+        let (service, acks) = (self.service.clone(), std::mem::take(&mut self.commands));
         runtime.spawn(async move {
-            if let Err(e) = service.write(vec![ack]).await {
-                tracing::warn!(error = %e, "cannot send the ack of a reserve that ended without it");
+            if let Err(e) = service.write(acks).await {
+                tracing::warn!(error = %e, "cannot send the acks of a reserve that ended without them");
             }
         });
     }
