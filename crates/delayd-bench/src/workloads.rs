@@ -563,20 +563,24 @@ pub async fn drain_count10_ackfirst(ctx: &Ctx) -> Result<Row> {
                 let got = reserve_acking_all(&mut conn, &qpath, RESERVE_COUNT, &held, 0).await;
                 let sent = std::mem::take(&mut held);
                 match got {
-                    Ok((n, next)) if n == sent.len() => {
+                    Ok((n, next)) => {
+                        // The jobs handed out are held whatever became of the acks.
                         held = next.into_iter().map(|(id, lease, _)| (id, lease)).collect();
                         // The first round acks nothing but is not an empty poll.
-                        if n > 0 || held.is_empty() {
+                        if n > 0 || (sent.is_empty() && held.is_empty()) {
                             d.record_acked(t0, Ok(n as u64));
                         }
+                        // Jobs whose ack did not take are lost to this run: they come back
+                        // only after their ttr, and the row reports them as not drained.
+                        if n < sent.len() {
+                            let failed = sent.len() - n;
+                            d.record(
+                                t0,
+                                Err(anyhow::anyhow!("{failed} carried acks did not take")),
+                            );
+                        }
                     }
-                    // On an error the held jobs are lost to this run: they come back only
-                    // after their ttr, and the row reports them as not drained.
-                    Ok((n, _)) => {
-                        let failed = sent.len() - n;
-                        d.record_acked(t0, Ok(n as u64));
-                        d.record(t0, Err(anyhow::anyhow!("{failed} carried acks did not take")));
-                    }
+                    // On an error the held jobs are lost to this run, as above.
                     Err(e) => {
                         d.record(t0, Err(e));
                     }
@@ -916,18 +920,19 @@ pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
                 }
                 let got = if ack_first {
                     let sent = std::mem::take(&mut held);
-                    match reserve_acking_all(&mut conn, &qpath, count, &sent, POLL_S).await {
-                        Ok((n, got)) if n == sent.len() => {
-                            t.jobs += n as u64;
-                            Ok(got)
+                    let got = reserve_acking_all(&mut conn, &qpath, count, &sent, POLL_S).await;
+                    if let Ok((n, _)) = &got {
+                        // The acks that took count; the jobs handed out are taken either way.
+                        t.jobs += *n as u64;
+                        if *n < sent.len() {
+                            let failed = sent.len() - n;
+                            t.error(anyhow::anyhow!(
+                                "{failed} of the {} acks carried by a reserve failed",
+                                sent.len()
+                            ));
                         }
-                        Ok((n, _)) => Err(anyhow::anyhow!(
-                            "{} of the {} acks carried by a reserve failed",
-                            sent.len() - n,
-                            sent.len()
-                        )),
-                        Err(e) => Err(e),
                     }
+                    got.map(|(_, jobs)| jobs)
                 } else {
                     reserve(&mut conn, &qpath).await.map(|got| got.into_iter().collect())
                 };

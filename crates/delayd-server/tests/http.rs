@@ -417,7 +417,8 @@ async fn a_reserve_acks_every_job_of_the_previous_batch() {
     leases[1] = other_lease(&batch[1]["lease"]);
 
     let applied = t.applied().await;
-    let uri = format!("{Q}?count=2&ack={}&ack_lease={}", ids.join(","), leases.join(","));
+    let uri =
+        format!("{Q}?count=2&ack={}&ack_lease={}&ack_queue=q", ids.join(","), leases.join(","));
     let (status, acked, next) = t.get_acked(&uri).await;
     assert_eq!(status, StatusCode::OK, "{next}");
     assert_eq!(acked.as_deref(), Some("true,false,true"), "the header, in the order of the ids");
@@ -450,6 +451,13 @@ async fn a_reserve_acks_every_job_of_the_previous_batch() {
     let (status, acked, v) = t.get_acked(&uri).await;
     assert_eq!((status, acked.as_deref()), (StatusCode::NOT_FOUND, Some("true")));
     assert_eq!(v, json!({"msg": "no job available", "acked": true}));
+
+    // The first queue is every ack's by default: a job of another queue is not found there.
+    let other = t.publish("/api/ns/r", "r2").await;
+    let lease = lease_of(&t.reserve("/api/ns/r").await);
+    let (status, acked, _) = t.get_acked(&format!("{Q}?ack={other}&ack_lease={lease}")).await;
+    assert_eq!((status, acked.as_deref()), (StatusCode::NOT_FOUND, Some("false")));
+    assert_eq!(t.get(&format!("/api/ns/r/job/{other}")).await.0, StatusCode::OK, "still there");
 
     // Lists that do not match, and more acks than one reserve carries, are refused before
     // anything is written.
