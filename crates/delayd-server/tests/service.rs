@@ -167,3 +167,82 @@ async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_aga
         n.shutdown().await;
     }
 }
+
+/// A draining node answers a waiting reserve at once, after writing the acks it holds. If
+/// the caller goes away while that write is under way, and the write then fails, the acks
+/// must still go: nobody else would send them. The follower's forwarded writes are dropped
+/// for longer than the write's request timeout; the job must still be acked, long before its
+/// 60 s ttr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_acks_written_as_a_node_drains_are_sent_again_when_their_caller_left() {
+    let filter = Arc::new(ForwardsDropped::default());
+    let request_timeout = Duration::from_secs(1);
+    let configs = common::three_nodes(Config {
+        request_timeout,
+        // Long enough that only the drain sends the held ack.
+        ack_hold: Duration::from_secs(10),
+        faults: Some(filter.clone()),
+        ..Config::default()
+    })
+    .await;
+    let nodes = futures::future::join_all(configs.into_iter().map(common::start_node)).await;
+    let leader = common::agreed_leader(&nodes.iter().map(|(n, _)| n).collect::<Vec<_>>()).await;
+    let node = |id: u64| &nodes.iter().find(|(n, _)| n.config().node_id == id).expect("node").0;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let (f, l) = (node(follower).service().clone(), node(leader).service().clone());
+
+    let dev = Principal::Dev;
+    let queue = QueueName::new("ns", "q");
+    let params = PublishParams { ttr_ms: 60_000, ..PublishParams::default() };
+    f.publish(&dev, queue.clone(), &params, b"job".to_vec()).await.expect("publish");
+    let request = |acks: Vec<AckFirst>, wait: Duration| ReserveRequest {
+        queues: vec![queue.clone()],
+        count: 1,
+        ttr_ms: Some(60_000),
+        wait,
+        acks,
+        order: ReserveOrder::QueueOrder,
+    };
+    let got = f.reserve(&dev, request(Vec::new(), Duration::ZERO)).await.expect("reserve");
+    let first = got.deliveries.first().expect("a job ready");
+    let (id, lease) = (first.job.id, first.lease);
+
+    // A linearizable read: the follower has applied the reservation, so its next reserve
+    // sees nothing ready there and holds its ack.
+    let job = f.job(&dev, &queue, id, false).await.expect("job").expect("the job");
+    assert_eq!(job.state, JobState::Reserved);
+
+    // The consumer's next reserve finds nothing, holds its ack and waits.
+    let ack = AckFirst { queue: queue.clone(), id, lease: Some(lease) };
+    let waiting = {
+        let (f, request) = (f.clone(), request(vec![ack], Duration::from_secs(30)));
+        tokio::spawn(async move { f.reserve(&Principal::Dev, request).await })
+    };
+    let parked = "delayd_reserves_waiting 1\n";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let metrics = || node(follower).metrics().render(node(follower).cluster()).expect("metrics");
+    while !metrics().contains(parked) {
+        assert!(tokio::time::Instant::now() < deadline, "the reserve never parked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    assert!(f.job(&dev, &queue, id, false).await.expect("job").is_some(), "the ack is held");
+    // The follower cannot reach the leader for longer than one write's request timeout; it
+    // drains, which sends the held ack; the caller goes away while that write is under way.
+    filter.arm(follower, std::time::Instant::now() + request_timeout + Duration::from_millis(300));
+    f.drain();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    if waiting.is_finished() {
+        panic!("the reserve answered while its leader was out of reach: {:?}", waiting.await);
+    }
+    waiting.abort();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while l.job(&dev, &queue, id, false).await.expect("job").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "the held ack was lost");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (n, _) in &nodes {
+        n.shutdown().await;
+    }
+}

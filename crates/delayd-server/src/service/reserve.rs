@@ -298,9 +298,21 @@ impl Service {
     }
 
     /// Sends held acks on their own (the reserve ends without another attempt), answering
-    /// whether each removed its job.
+    /// whether each removed its job. The write runs in a task of its own, as
+    /// [`Service::reserve_once`]'s does, so that a caller going away while it is under way
+    /// cannot cancel it, and acks whose write failed after their caller had gone are sent
+    /// again.
     async fn ack_alone(&self, acks: Vec<Command>) -> Result<Vec<bool>, ServiceError> {
-        Ok(self.write(acks).await?.iter().map(removed).collect())
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let service = self.clone();
+        tokio::spawn(async move {
+            let got = service.write(acks.clone()).await;
+            let got = got.map(|outcomes| outcomes.iter().map(removed).collect::<Vec<_>>());
+            if let Err(Err(_)) = tx.send(got) {
+                drop(PendingAck { service: &service, commands: acks });
+            }
+        });
+        rx.await.map_err(|_| ServiceError::Internal("the ack task ended".into()))?
     }
 
     /// Reserves one job by id, out of line, if it is ready, delayed or dead (beanstalkd's
