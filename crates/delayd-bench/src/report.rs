@@ -317,7 +317,7 @@ const WORKLOADS_MD: &str = "## Workloads\n\n\
 - **publish-bulk**: the same with `PUT …/bulk`, 64 jobs of 100 bytes per request (jobs/s counts jobs).\n\
 - **publish-grpc-stream**: gRPC `PublishStream` through `delayd-client`.\n\
 - **drain**: N ready jobs preloaded, then C consumers `GET ?ttr=30&timeout=1` + `DELETE …/job/{id}?lease=…`; jobs/s until the last ack. The preload is left out of the CPU figures.\n\
-- **drain-ackfirst**: the same, but each consumer acks its previous job on its next reserve, `GET ?ttr=30&timeout=0&ack={id}&ack_lease={lease}` (one request per job; the answer's `acked` says the ack took); the jobs still held once all are taken are acked with a plain `DELETE`.\n\
+- **drain-ackfirst**: the same, but each consumer acks its previous job on its next reserve, `GET ?ttr=30&timeout=0&ack={id}&ack_lease={lease}` (one request per job; the answer's `Delayd-Acked` header says the ack took); the jobs still held once all are taken are acked with a plain `DELETE`.\n\
 - **drain-count10**: the same with `GET ?ttr=30&timeout=1&count=10` (an array of up to 10 jobs), then a `DELETE` for each; latency per round.\n\
 - **drain-count10-ackfirst**: `GET ?ttr=30&timeout=0&count=10` carrying the acks of every job the previous reserve handed out, `&ack={id1},{id2},…&ack_lease={lease1},{lease2},…` (one request per round of up to 10 jobs; the `Delayd-Acked` header says which acks took); latency per round.\n\
 - **lifecycle**: C/2 producers (delay 0) and C/2 consumers together for T s; acked jobs/s; latency is delivery − due.\n\

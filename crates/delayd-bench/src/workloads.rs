@@ -360,70 +360,35 @@ async fn drain_setup(ctx: &Ctx, workload: &str) -> Result<(String, u64)> {
 /// `drain`: preload ready jobs, then C consumers reserve + ack (two requests per job) until
 /// all are gone.
 pub async fn drain(ctx: &Ctx) -> Result<Row> {
-    let (queue, total) = drain_setup(ctx, "drain").await?;
-    let acked = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..ctx.opts.clients {
-        let (mut conn, qpath, acked) = (ctx.conn(i)?, ctx.queue_path(&queue), acked.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut d = Drainer::new(acked, total, start);
-            while d.more() {
-                let t0 = Instant::now();
-                let done = async {
-                    let Some((id, lease, _)) = reserve(&mut conn, &qpath).await? else {
-                        return Ok(false);
-                    };
-                    ack(&mut conn, &qpath, &id, &lease).await?;
-                    Ok::<_, anyhow::Error>(true)
+    drain_with(ctx, "drain", "reserve+ack", |mut conn, qpath, mut d| async move {
+        while d.more() {
+            let t0 = Instant::now();
+            let done = async {
+                let Some((id, lease, _)) = reserve(&mut conn, &qpath).await? else {
+                    return Ok(false);
                 };
-                // An HTTP error ends one request (the connection is dialled again): go on.
-                d.record(t0, done.await);
-            }
-            d.finish()
-        }));
-    }
-    drain_row(&ctx.system, "drain", "reserve+ack", tasks, total, acked).await
-}
-
-/// A reserve that first acks `prev` (delayd's `ack=` extension), long-polling up to
-/// `timeout_s`: whether that ack took, and the next job as [`reserve`] gives it.
-async fn reserve_acking(
-    conn: &mut Conn,
-    qpath: &str,
-    prev: &(String, String),
-    timeout_s: u64,
-) -> Result<(bool, Option<(String, String, f64)>)> {
-    let pq = format!("{qpath}?ttr=30&timeout={timeout_s}&ack={}&ack_lease={}", prev.0, prev.1);
-    let answer = conn.get(&pq).await?;
-    let status = answer.status;
-    let v = answer.json()?;
-    if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
-        bail!("reserve with ack: HTTP {status}: {v}");
-    }
-    let acked = v["acked"].as_bool().context("reserve with ack= answered without `acked`")?;
-    if status == StatusCode::NOT_FOUND {
-        return Ok((acked, None));
-    }
-    Ok((acked, Some(delivery(&v)?)))
+                ack(&mut conn, &qpath, &id, &lease).await?;
+                Ok::<_, anyhow::Error>(true)
+            };
+            // An HTTP error ends one request (the connection is dialled again): go on.
+            d.record(t0, done.await);
+        }
+        d.finish()
+    })
+    .await
 }
 
 /// `drain-ackfirst`: as `drain`, but each consumer acks its previous job on its next reserve
 /// (`?ack={job_id}&ack_lease={lease}`), one request per job; a job counts once the answer
-/// says `"acked": true`. Once every job has been taken there is nothing left to reserve, and
+/// says its ack took. Once every job has been taken there is nothing left to reserve, and
 /// the jobs still held are acked with a plain ack.
 pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
-    let workload = "drain-ackfirst";
-    let (queue, total) = drain_setup(ctx, workload).await?;
-    let acked = Arc::new(AtomicU64::new(0));
     let taken = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..ctx.opts.clients {
-        let (mut conn, qpath) = (ctx.conn(i)?, ctx.queue_path(&queue));
-        let (acked, taken) = (acked.clone(), taken.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut d = Drainer::new(acked, total, start);
+    let latency_of = "ack+reserve (1 request)";
+    drain_with(ctx, "drain-ackfirst", latency_of, |mut conn, qpath, mut d| {
+        let taken = taken.clone();
+        async move {
+            let total = d.total;
             let mut held: Option<(String, String)> = None;
             while d.more() {
                 let t0 = Instant::now();
@@ -450,45 +415,26 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
                 // news that the ack took, would come back only when the poll ran out, and the
                 // drain's end (its last ack) would be counted up to a second late. A drain's
                 // queue is full until its end.
-                let r = reserve_acking(&mut conn, &qpath, &prev, 0).await.and_then(|(ok, next)| {
-                    if next.is_some() {
-                        taken.fetch_add(1, Ordering::Relaxed);
-                    }
-                    held = next.map(|(id, lease, _)| (id, lease));
-                    if ok {
-                        Ok(true)
-                    } else {
-                        bail!("the ack of job {} on the next reserve did not take", prev.0)
-                    }
-                });
+                let acking = std::slice::from_ref(&prev);
+                let r =
+                    reserve_acking(&mut conn, &qpath, 1, acking, 0).await.and_then(|(n, next)| {
+                        let next = next.into_iter().next();
+                        if next.is_some() {
+                            taken.fetch_add(1, Ordering::Relaxed);
+                        }
+                        held = next.map(|(id, lease, _)| (id, lease));
+                        if n == 1 {
+                            Ok(true)
+                        } else {
+                            bail!("the ack of job {} on the next reserve did not take", prev.0)
+                        }
+                    });
                 d.record(t0, r);
             }
             d.finish()
-        }));
-    }
-    drain_row(&ctx.system, workload, "ack+reserve (1 request)", tasks, total, acked).await
-}
-
-/// A reserve of up to `count` jobs: their `(job_id, lease)`s, none when the long poll ran
-/// out.
-async fn reserve_many(conn: &mut Conn, qpath: &str, count: usize) -> Result<Vec<(String, String)>> {
-    let answer = conn.get(&format!("{qpath}?ttr=30&timeout={POLL_S}&count={count}")).await?;
-    let status = answer.status;
-    if status == StatusCode::NOT_FOUND {
-        return Ok(Vec::new());
-    }
-    let v = answer.json()?;
-    if status != StatusCode::OK {
-        bail!("reserve count={count}: HTTP {status}: {v}");
-    }
-    let jobs = v.as_array().context("reserve with count > 1 answered without an array")?;
-    jobs.iter()
-        .map(|j| {
-            let id = j["job_id"].as_str().context("job without job_id")?;
-            let lease = j["lease"].as_str().context("job without lease")?;
-            Ok((id.to_string(), lease.to_string()))
-        })
-        .collect()
+        }
+    })
+    .await
 }
 
 /// The jobs a reserve answer hands out, each as `(job_id, lease, due_at_ms)`: one object
@@ -504,7 +450,7 @@ fn deliveries(v: &Value) -> Result<Vec<(String, String, f64)>> {
 /// extension, the ids and their leases each joined by commas), long-polling up to
 /// `timeout_s`: how many of those acks took (from the `Delayd-Acked` header), and the jobs
 /// it handed out.
-async fn reserve_acking_all(
+async fn reserve_acking(
     conn: &mut Conn,
     qpath: &str,
     count: usize,
@@ -546,95 +492,98 @@ async fn reserve_acking_all(
 /// `ack_lease=l1,l2,…`): one request per round of up to ten jobs. A job counts once the
 /// answer's `Delayd-Acked` says its ack took.
 pub async fn drain_count10_ackfirst(ctx: &Ctx) -> Result<Row> {
-    let workload = "drain-count10-ackfirst";
-    let (queue, total) = drain_setup(ctx, workload).await?;
-    let acked = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..ctx.opts.clients {
-        let (mut conn, qpath, acked) = (ctx.conn(i)?, ctx.queue_path(&queue), acked.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut d = Drainer::new(acked, total, start);
-            let mut held: Vec<(String, String)> = Vec::new();
-            while d.more() {
-                let t0 = Instant::now();
-                // No long poll, for the reason `drain-ackfirst` gives; once the queue is
-                // empty the held acks still go, with a reserve answered 404 at once.
-                let got = reserve_acking_all(&mut conn, &qpath, RESERVE_COUNT, &held, 0).await;
-                let sent = std::mem::take(&mut held);
-                match got {
-                    Ok((n, next)) => {
-                        // The jobs handed out are held whatever became of the acks.
-                        held = next.into_iter().map(|(id, lease, _)| (id, lease)).collect();
-                        // The first round acks nothing but is not an empty poll.
-                        if n > 0 || (sent.is_empty() && held.is_empty()) {
-                            d.record_acked(t0, Ok(n as u64));
-                        }
-                        // Jobs whose ack did not take are lost to this run: they come back
-                        // only after their ttr, and the row reports them as not drained.
-                        if n < sent.len() {
-                            let failed = sent.len() - n;
-                            d.record(
-                                t0,
-                                Err(anyhow::anyhow!("{failed} carried acks did not take")),
-                            );
-                        }
+    let latency_of = "acks + reserve of ≤10 (1 request)";
+    drain_with(ctx, "drain-count10-ackfirst", latency_of, |mut conn, qpath, mut d| async move {
+        let mut held: Vec<(String, String)> = Vec::new();
+        while d.more() {
+            let t0 = Instant::now();
+            // No long poll, for the reason `drain-ackfirst` gives; once the queue is
+            // empty the held acks still go, with a reserve answered 404 at once.
+            let got = reserve_acking(&mut conn, &qpath, RESERVE_COUNT, &held, 0).await;
+            let sent = std::mem::take(&mut held);
+            match got {
+                Ok((n, next)) => {
+                    // The jobs handed out are held whatever became of the acks.
+                    held = next.into_iter().map(|(id, lease, _)| (id, lease)).collect();
+                    // The first round acks nothing but is not an empty poll.
+                    if n > 0 || (sent.is_empty() && held.is_empty()) {
+                        d.record_acked(t0, Ok(n as u64));
                     }
-                    // On an error the held jobs are lost to this run, as above.
-                    Err(e) => {
-                        d.record(t0, Err(e));
+                    // Jobs whose ack did not take are lost to this run: they come back
+                    // only after their ttr, and the row reports them as not drained.
+                    if n < sent.len() {
+                        let failed = sent.len() - n;
+                        d.record(t0, Err(anyhow::anyhow!("{failed} carried acks did not take")));
                     }
                 }
+                // On an error the held jobs are lost to this run, as above.
+                Err(e) => {
+                    d.record(t0, Err(e));
+                }
             }
-            d.finish()
-        }));
-    }
-    let latency_of = "acks + reserve of ≤10 (1 request)";
-    drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await
+        }
+        d.finish()
+    })
+    .await
 }
 
 /// `drain-count10`: as `drain`, but each reserve asks for up to [`RESERVE_COUNT`] jobs
 /// (`count=10`, answered with an array), and the consumer then acks each of them one by one.
 /// The latency is that of a whole round: the reserve and its acks.
 pub async fn drain_count10(ctx: &Ctx) -> Result<Row> {
-    let workload = "drain-count10";
+    let latency_of = "reserve of ≤10 + their acks";
+    drain_with(ctx, "drain-count10", latency_of, |mut conn, qpath, mut d| async move {
+        while d.more() {
+            let t0 = Instant::now();
+            let jobs = match reserve_acking(&mut conn, &qpath, RESERVE_COUNT, &[], POLL_S).await {
+                Ok((_, jobs)) => jobs,
+                Err(e) => {
+                    d.record(t0, Err(e));
+                    continue;
+                }
+            };
+            // Acks that went through count even when a later one of the round fails.
+            let mut n = 0;
+            let mut failed = None;
+            for (id, lease, _) in &jobs {
+                match ack(&mut conn, &qpath, id, lease).await {
+                    Ok(()) => n += 1,
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if n > 0 || failed.is_none() {
+                d.record_acked(t0, Ok(n));
+            }
+            if let Some(e) = failed {
+                d.record(t0, Err(e));
+            }
+        }
+        d.finish()
+    })
+    .await
+}
+
+/// Runs a drain of `workload` against delayd: preloads the jobs, then runs `consumer` once
+/// per client, each with a connection of its own, the queue's path and its [`Drainer`], and
+/// makes the row of their tallies.
+async fn drain_with<F, Fut>(
+    ctx: &Ctx,
+    workload: &str,
+    latency_of: &'static str,
+    consumer: F,
+) -> Result<Row>
+where
+    F: Fn(Conn, String, Drainer) -> Fut,
+    Fut: Future<Output = (Tally, f64)> + Send + 'static,
+{
     let (queue, total) = drain_setup(ctx, workload).await?;
     let acked = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..ctx.opts.clients {
-        let (mut conn, qpath, acked) = (ctx.conn(i)?, ctx.queue_path(&queue), acked.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut d = Drainer::new(acked, total, start);
-            while d.more() {
-                let t0 = Instant::now();
-                let jobs = match reserve_many(&mut conn, &qpath, RESERVE_COUNT).await {
-                    Ok(jobs) => jobs,
-                    Err(e) => {
-                        d.record(t0, Err(e));
-                        continue;
-                    }
-                };
-                // Acks that went through count even when a later one of the round fails.
-                let mut n = 0;
-                let mut failed = None;
-                for (id, lease) in &jobs {
-                    match ack(&mut conn, &qpath, id, lease).await {
-                        Ok(()) => n += 1,
-                        Err(e) => failed = Some(e),
-                    }
-                }
-                if n > 0 || failed.is_none() {
-                    d.record_acked(t0, Ok(n));
-                }
-                if let Some(e) = failed {
-                    d.record(t0, Err(e));
-                }
-            }
-            d.finish()
-        }));
+        let d = Drainer::new(acked.clone(), total, start);
+        tasks.push(tokio::spawn(consumer(ctx.conn(i)?, ctx.queue_path(&queue), d)));
     }
-    let latency_of = "reserve of ≤10 + their acks";
     drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await
 }
 
@@ -920,7 +869,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
                 }
                 let got = if ack_first {
                     let sent = std::mem::take(&mut held);
-                    let got = reserve_acking_all(&mut conn, &qpath, count, &sent, POLL_S).await;
+                    let got = reserve_acking(&mut conn, &qpath, count, &sent, POLL_S).await;
                     if let Ok((n, _)) = &got {
                         // The acks that took count; the jobs handed out are taken either way.
                         t.jobs += *n as u64;

@@ -5,14 +5,14 @@ mod common;
 
 use std::time::Duration;
 
-use delayd_core::{JobState, QueueName};
+use delayd_core::{JobId, JobState, QueueName};
 use std::sync::Arc;
 
 use delayd_raft::faults::{FaultFilter, Verdict};
 use delayd_raft::network::Method;
 use delayd_server::service::reserve::{AckFirst, ReserveOrder, ReserveRequest};
 use delayd_server::service::PublishParams;
-use delayd_server::{Config, Principal};
+use delayd_server::{Config, Node, Principal};
 
 /// A reserve whose caller goes away (a client that disconnects, a dropped request) must not
 /// keep the jobs it leased: with one try, an expired lease would send them to the dead letter
@@ -102,6 +102,63 @@ impl FaultFilter for ForwardsDropped {
         }
     }
 }
+/// A write's request timeout in [`CutForwards`] clusters.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Three in-process nodes whose follower's forwards to the leader can be cut for a while.
+struct CutForwards {
+    nodes: Vec<(Node, tempfile::TempDir)>,
+    filter: Arc<ForwardsDropped>,
+    leader: u64,
+    follower: u64,
+}
+
+impl CutForwards {
+    /// Starts the nodes with `ack_hold` and a request timeout of [`REQUEST_TIMEOUT`], and
+    /// waits for them to agree on a leader.
+    async fn start(ack_hold: Duration) -> CutForwards {
+        let filter = Arc::new(ForwardsDropped::default());
+        let configs = common::three_nodes(Config {
+            request_timeout: REQUEST_TIMEOUT,
+            ack_hold,
+            faults: Some(filter.clone()),
+            ..Config::default()
+        })
+        .await;
+        let nodes = futures::future::join_all(configs.into_iter().map(common::start_node)).await;
+        let leader = common::agreed_leader(&nodes.iter().map(|(n, _)| n).collect::<Vec<_>>()).await;
+        let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+        CutForwards { nodes, filter, leader, follower }
+    }
+
+    fn node(&self, id: u64) -> &Node {
+        &self.nodes.iter().find(|(n, _)| n.config().node_id == id).expect("node").0
+    }
+
+    /// From now on the follower cannot reach the leader for a while: longer than a write's
+    /// request timeout, shorter than that timeout twice over.
+    fn cut(&self) {
+        let until = std::time::Instant::now() + REQUEST_TIMEOUT + Duration::from_millis(300);
+        self.filter.arm(self.follower, until);
+    }
+
+    /// Waits until the leader no longer has job `id` of `queue`, long before a 60 s ttr.
+    async fn await_gone(&self, queue: &QueueName, id: JobId, what: &str) {
+        let leader = self.node(self.leader).service();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while leader.job(&Principal::Dev, queue, id, false).await.expect("job").is_some() {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(self) {
+        for (n, _) in &self.nodes {
+            n.shutdown().await;
+        }
+    }
+}
+
 /// A consumer that acks its job on its next reserve and goes away before that write fails
 /// must not lose the ack: nobody else would send it, and the finished job would be delivered
 /// again when its ttr ran out. The follower's write keeps failing for its whole request
@@ -109,22 +166,9 @@ impl FaultFilter for ForwardsDropped {
 /// 60 s ttr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_again() {
-    // Armed once the follower is known.
-    let filter = Arc::new(ForwardsDropped::default());
-    let request_timeout = Duration::from_secs(1);
-    let configs = common::three_nodes(Config {
-        request_timeout,
-        // The ack goes with the reserve at once instead of being held for a wake-up.
-        ack_hold: Duration::ZERO,
-        faults: Some(filter.clone()),
-        ..Config::default()
-    })
-    .await;
-    let nodes = futures::future::join_all(configs.into_iter().map(common::start_node)).await;
-    let leader = common::agreed_leader(&nodes.iter().map(|(n, _)| n).collect::<Vec<_>>()).await;
-    let node = |id: u64| &nodes.iter().find(|(n, _)| n.config().node_id == id).expect("node").0;
-    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
-    let (f, l) = (node(follower).service().clone(), node(leader).service().clone());
+    // The ack goes with the reserve at once instead of being held for a wake-up.
+    let c = CutForwards::start(Duration::ZERO).await;
+    let f = c.node(c.follower).service().clone();
 
     let dev = Principal::Dev;
     let queue = QueueName::new("ns", "q");
@@ -144,10 +188,7 @@ async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_aga
     let first = got.deliveries.first().expect("a job ready");
     let (id, lease) = (first.job.id, first.lease);
 
-    // From now on the follower cannot reach the leader for a while: longer than its write's
-    // request timeout, shorter than that timeout twice over.
-    let cut = request_timeout + Duration::from_millis(300);
-    filter.arm(follower, std::time::Instant::now() + cut);
+    c.cut();
     let ack = AckFirst { queue: queue.clone(), id, lease: Some(lease) };
     let caller =
         tokio::time::timeout(Duration::from_millis(200), f.reserve(&dev, request(vec![ack])));
@@ -155,17 +196,8 @@ async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_aga
 
     // The caller is gone; its write fails when its request timeout ends. The ack alone is
     // sent again and, once the link is back, removes the job.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if l.job(&dev, &queue, id, false).await.expect("job").is_none() {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the acked job is still there");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for (n, _) in &nodes {
-        n.shutdown().await;
-    }
+    c.await_gone(&queue, id, "the acked job is still there").await;
+    c.stop().await;
 }
 
 /// A draining node answers a waiting reserve at once, after writing the acks it holds. If
@@ -175,21 +207,9 @@ async fn an_ack_on_a_reserve_whose_write_fails_after_its_caller_left_is_sent_aga
 /// 60 s ttr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_acks_written_as_a_node_drains_are_sent_again_when_their_caller_left() {
-    let filter = Arc::new(ForwardsDropped::default());
-    let request_timeout = Duration::from_secs(1);
-    let configs = common::three_nodes(Config {
-        request_timeout,
-        // Long enough that only the drain sends the held ack.
-        ack_hold: Duration::from_secs(10),
-        faults: Some(filter.clone()),
-        ..Config::default()
-    })
-    .await;
-    let nodes = futures::future::join_all(configs.into_iter().map(common::start_node)).await;
-    let leader = common::agreed_leader(&nodes.iter().map(|(n, _)| n).collect::<Vec<_>>()).await;
-    let node = |id: u64| &nodes.iter().find(|(n, _)| n.config().node_id == id).expect("node").0;
-    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
-    let (f, l) = (node(follower).service().clone(), node(leader).service().clone());
+    // A hold long enough that only the drain sends the held ack.
+    let c = CutForwards::start(Duration::from_secs(10)).await;
+    let f = c.node(c.follower).service().clone();
 
     let dev = Principal::Dev;
     let queue = QueueName::new("ns", "q");
@@ -220,7 +240,8 @@ async fn held_acks_written_as_a_node_drains_are_sent_again_when_their_caller_lef
     };
     let parked = "delayd_reserves_waiting 1\n";
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let metrics = || node(follower).metrics().render(node(follower).cluster()).expect("metrics");
+    let follower = c.node(c.follower);
+    let metrics = || follower.metrics().render(follower.cluster()).expect("metrics");
     while !metrics().contains(parked) {
         assert!(tokio::time::Instant::now() < deadline, "the reserve never parked");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -229,7 +250,7 @@ async fn held_acks_written_as_a_node_drains_are_sent_again_when_their_caller_lef
     assert!(f.job(&dev, &queue, id, false).await.expect("job").is_some(), "the ack is held");
     // The follower cannot reach the leader for longer than one write's request timeout; it
     // drains, which sends the held ack; the caller goes away while that write is under way.
-    filter.arm(follower, std::time::Instant::now() + request_timeout + Duration::from_millis(300));
+    c.cut();
     f.drain();
     tokio::time::sleep(Duration::from_millis(200)).await;
     if waiting.is_finished() {
@@ -237,12 +258,6 @@ async fn held_acks_written_as_a_node_drains_are_sent_again_when_their_caller_lef
     }
     waiting.abort();
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while l.job(&dev, &queue, id, false).await.expect("job").is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "the held ack was lost");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    for (n, _) in &nodes {
-        n.shutdown().await;
-    }
+    c.await_gone(&queue, id, "the held ack was lost").await;
+    c.stop().await;
 }

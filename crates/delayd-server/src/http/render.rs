@@ -115,11 +115,22 @@ impl<'a> Acked<'a> {
 
     /// The `Delayd-Acked` header's value: `true`, `false`, or such words joined by commas.
     pub(crate) fn header(self) -> String {
-        let word = |a: &bool| if *a { "true" } else { "false" };
-        match self {
-            Acked::One(a) => word(&a).to_string(),
-            Acked::Many(all) => all.iter().map(word).collect::<Vec<_>>().join(","),
+        let one;
+        let all = match self {
+            Acked::One(a) => {
+                one = [a];
+                &one[..]
+            }
+            Acked::Many(all) => all,
+        };
+        let mut text = String::with_capacity(all.len() * 6);
+        for (i, a) in all.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            text.push_str(if *a { "true" } else { "false" });
         }
+        text
     }
 }
 

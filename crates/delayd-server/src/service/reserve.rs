@@ -157,9 +157,11 @@ impl Service {
             };
             if attempt {
                 let reserve = reserve_command(&queues, count, ttr_ms, order);
-                let got = self.reserve_once(std::mem::take(&mut ack.commands), reserve).await?;
+                let acks = std::mem::take(&mut ack.commands);
+                let got = self.reserve_once(acks, Some(reserve)).await?;
                 self.metrics().reserve_attempt(!got.deliveries.is_empty(), false);
-                keep_acked(&mut acked, got.acked);
+                // The acks go with one attempt only; later ones answer none.
+                acked.extend(got.acked);
                 if !got.deliveries.is_empty() || Instant::now() >= deadline {
                     return Ok(Reserved { acked, deliveries: got.deliveries });
                 }
@@ -179,7 +181,8 @@ impl Service {
             if *drain.borrow_and_update() {
                 // Answered without waiting any longer, once held acks are written.
                 if !ack.commands.is_empty() {
-                    acked = self.ack_alone(std::mem::take(&mut ack.commands)).await?;
+                    let acks = std::mem::take(&mut ack.commands);
+                    acked.extend(self.reserve_once(acks, None).await?.acked);
                 }
                 return Ok(Reserved { acked, deliveries: Vec::new() });
             }
@@ -236,7 +239,7 @@ impl Service {
                 Err(e) => return Err(e),
             };
             self.metrics().reserve_attempt(!got.deliveries.is_empty(), true);
-            keep_acked(&mut acked, got.acked);
+            acked.extend(got.acked);
             if !got.deliveries.is_empty() {
                 return Ok(Reserved { acked, deliveries: got.deliveries });
             }
@@ -297,24 +300,6 @@ impl Service {
         (left >= needed).then_some(hold)
     }
 
-    /// Sends held acks on their own (the reserve ends without another attempt), answering
-    /// whether each removed its job. The write runs in a task of its own, as
-    /// [`Service::reserve_once`]'s does, so that a caller going away while it is under way
-    /// cannot cancel it, and acks whose write failed after their caller had gone are sent
-    /// again.
-    async fn ack_alone(&self, acks: Vec<Command>) -> Result<Vec<bool>, ServiceError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let service = self.clone();
-        tokio::spawn(async move {
-            let got = service.write(acks.clone()).await;
-            let got = got.map(|outcomes| outcomes.iter().map(removed).collect::<Vec<_>>());
-            if let Err(Err(_)) = tx.send(got) {
-                drop(PendingAck { service: &service, commands: acks });
-            }
-        });
-        rx.await.map_err(|_| ServiceError::Internal("the ack task ended".into()))?
-    }
-
     /// Reserves one job by id, out of line, if it is ready, delayed or dead (beanstalkd's
     /// `reserve-job`): `Ok(None)` when it does not exist or is reserved already.
     pub async fn reserve_job(
@@ -326,7 +311,7 @@ impl Service {
     ) -> Result<Option<Delivery>, ServiceError> {
         self.subscribe(caller, std::slice::from_ref(&queue), ttr_ms)?;
         let command = Command::ReserveJob { queue, id, ttr_ms, lease_seed: rand::random() };
-        match self.reserve_once(Vec::new(), command).await {
+        match self.reserve_once(Vec::new(), Some(command)).await {
             Ok(got) => Ok(got.deliveries.into_iter().next()),
             Err(ServiceError::NotFound(_) | ServiceError::Conflict(_)) => Ok(None),
             Err(e) => Err(e),
@@ -356,24 +341,27 @@ impl Service {
         Ok(())
     }
 
-    /// Proposes one reserve (after `acks`) in a task of its own, so that deliveries whose
-    /// caller has gone (the client disconnected, the request was dropped) while the entry
-    /// was being committed are released at once instead of staying leased for their ttr —
-    /// with one try left they would otherwise go to the dead letter without ever being
-    /// handed out. For the same reason, acks whose write failed after their caller had gone
-    /// are sent again: nobody else would, and the finished jobs would be delivered again
-    /// when their ttr ran out.
+    /// Proposes `acks`, then `reserve` when there is one (without, the acks go alone, as
+    /// when a reserve ends without another attempt), in one entry written by a task of its
+    /// own, so that a caller going away while it is under way cannot cancel it: deliveries
+    /// whose caller has gone (the client disconnected, the request was dropped) while the
+    /// entry was being committed are released at once instead of staying leased for their
+    /// ttr — with one try left they would otherwise go to the dead letter without ever being
+    /// handed out — and acks whose write failed after their caller had gone are sent again:
+    /// nobody else would, and the finished jobs would be delivered again when their ttr ran
+    /// out.
     async fn reserve_once(
         &self,
         acks: Vec<Command>,
-        reserve: Command,
+        reserve: Option<Command>,
     ) -> Result<Reserved, ServiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let service = self.clone();
-        let commands = acks.iter().cloned().chain([reserve]).collect();
+        let reserves = reserve.is_some();
+        let commands = acks.iter().cloned().chain(reserve).collect();
         tokio::spawn(async move {
             let got = match service.write(commands).await {
-                Ok(outcomes) => reserved(outcomes),
+                Ok(outcomes) => reserved(outcomes, reserves),
                 Err(e) => Err(e),
             };
             hand_over(&service, tx, got, acks);
@@ -452,7 +440,7 @@ impl<'a> Ride<'a> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (owner, unsent) = (service.clone(), held.clone());
         let deliver = move |outcomes: RideOutcome| {
-            let got = outcomes.map_err(ServiceError::from).and_then(reserved);
+            let got = outcomes.map_err(ServiceError::from).and_then(|o| reserved(o, true));
             hand_over(&owner, tx, got, unsent);
         };
         let commands = held.iter().cloned().chain([reserve]).collect();
@@ -509,31 +497,31 @@ fn hand_over(
     }
 }
 
-/// Keeps the first answer about the acks: they go with one attempt only, and later attempts
-/// carry none.
-fn keep_acked(acked: &mut Vec<bool>, got: Vec<bool>) {
-    if acked.is_empty() {
-        *acked = got;
-    }
-}
-
-/// Returns `deliveries` in a task of its own, if a runtime is still there to run it.
+/// Returns `deliveries` in a task of its own, if there are any and a runtime is still there
+/// to run it.
 fn spawn_return(service: &Service, deliveries: Vec<Delivery>) {
+    if deliveries.is_empty() {
+        return;
+    }
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let service = service.clone();
     runtime.spawn(async move { service.return_deliveries(deliveries).await });
 }
 
-/// The outcomes of a reserve after its acks (if any): whether each ack removed its job, and
-/// the deliveries. A rejected ack (its lease is no longer the job's) removed nothing.
-fn reserved(mut outcomes: Vec<Outcome>) -> Result<Reserved, ServiceError> {
-    // The reserve comes last, after the acks.
-    let outcome = outcomes.pop().ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
-    let acked = outcomes.iter().map(removed).collect();
-    match outcome? {
-        Reply::Reserved(deliveries) => Ok(Reserved { acked, deliveries }),
-        r => Err(unexpected(r)),
+/// The outcomes of acks and, when `reserve`, the reserve after them: whether each ack
+/// removed its job, and the deliveries. A rejected ack (its lease is no longer the job's)
+/// removed nothing.
+fn reserved(mut outcomes: Vec<Outcome>, reserve: bool) -> Result<Reserved, ServiceError> {
+    let mut deliveries = Vec::new();
+    if reserve {
+        // The reserve comes last, after the acks.
+        let outcome = outcomes.pop().ok_or_else(|| ServiceError::Internal("no outcome".into()))?;
+        match outcome? {
+            Reply::Reserved(d) => deliveries = d,
+            r => return Err(unexpected(r)),
+        }
     }
+    Ok(Reserved { acked: outcomes.iter().map(removed).collect(), deliveries })
 }
 
 /// Whether an ack's outcome removed its job. A rejected ack (its lease is no longer the
