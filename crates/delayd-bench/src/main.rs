@@ -7,6 +7,8 @@
 //! runs the same publish and drain workloads against beanstalkd processes it starts itself
 //! ([`beanstalk`]) and publish, drain, lifecycle and timer against lmstfy's Redis commands on
 //! a redis-server it starts ([`lmstfy`]), and prints a table plus the ratios delayd / peer.
+//! With `--compare-bin` it runs two delayd builds in alternating pairs and compares them row
+//! by row ([`compare`]).
 //! Absolute figures on a shared 2-core machine move from run to run; ratios measured in the
 //! same run move much less, which is why the comparison is built in rather than taken from a
 //! table elsewhere. Every row also carries the servers' CPU time per job and the bench's own
@@ -18,6 +20,7 @@
 
 mod beanstalk;
 mod cluster;
+mod compare;
 mod conn;
 mod disque;
 mod lmstfy;
@@ -95,6 +98,15 @@ struct Args {
     /// The delayd binary (default: target/release/delayd if it exists, else target/debug).
     #[arg(long)]
     bin: Option<PathBuf>,
+    /// Compare two builds: run the delayd workloads with `--bin` (A) and with this binary (B)
+    /// in `--pairs` pairs of runs on fresh clusters, A B then B A and so on, and print B ÷ A
+    /// per row (see `compare.rs`). A wrapper script that sets an environment variable and runs
+    /// a binary works as either side.
+    #[arg(long)]
+    compare_bin: Option<PathBuf>,
+    /// Pairs of runs with `--compare-bin`.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pairs: u64,
     /// Workloads to run, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
     workloads: Vec<String>,
@@ -271,68 +283,26 @@ async fn run(args: Args) -> Result<ExitCode> {
         }
     );
 
+    let compare_bin = match &args.compare_bin {
+        Some(_) if !args.target.is_empty() => {
+            bail!("--compare-bin starts the clusters of both builds itself: drop --target")
+        }
+        Some(b) if !b.exists() => bail!("{} not found (--compare-bin)", b.display()),
+        other => other.clone(),
+    };
+
     let mut rows = Vec::new();
     println!("{}", report::table_header());
-    let sizes: Vec<Option<usize>> = if args.target.is_empty() {
-        args.nodes.iter().map(|n| Some(*n)).collect()
-    } else {
-        vec![None]
-    };
     let levels = args.levels();
-    for size in sizes {
-        let started_cluster = match size {
-            Some(n) => Cluster::start(&bin, n, args.auth).await,
-            None => Ok(Cluster::target(args.target.clone(), args.token.clone())),
-        };
-        let mut cluster = match started_cluster {
-            Ok(c) => c,
-            Err(e) => {
-                let name = format!("delayd {} nodes", size.unwrap_or(0));
-                emit(&mut rows, Row::failed(&name, "start", &e));
-                continue;
-            }
-        };
-        if args.via_leader && cluster.urls.len() > 1 {
-            if let Err(e) = cluster.steer_to_leader().await {
-                emit(&mut rows, Row::failed(&cluster.name, "start", &e));
-                continue;
-            }
-        }
-        // Built at the largest level, so its connection pool serves every level.
-        let base = Ctx::new(&cluster, &opts, &ns)?;
-        for w in &selected {
-            for c in levels_of(w, &levels) {
-                let ctx = base.with_clients(c);
-                let _running = progress::phase(format!("{} · {w} · {c} clients", cluster.name));
-                ctx.cpu.start(&cluster.pids());
-                let result = match *w {
-                    "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
-                    "publish-bulk" => workloads::publish(&ctx, true).await.map(|r| vec![r]),
-                    "publish-grpc-stream" => {
-                        workloads::publish_grpc_stream(&ctx).await.map(|r| vec![r])
-                    }
-                    "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
-                    "drain-ackfirst" => workloads::drain_ackfirst(&ctx).await.map(|r| vec![r]),
-                    "drain-count10" => workloads::drain_count10(&ctx).await.map(|r| vec![r]),
-                    "drain-count10-ackfirst" => {
-                        workloads::drain_count10_ackfirst(&ctx).await.map(|r| vec![r])
-                    }
-                    "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
-                    "timer" => workloads::timer(&ctx, false, 1).await.map(|r| vec![r]),
-                    "timer-ackfirst" => workloads::timer(&ctx, true, 1).await.map(|r| vec![r]),
-                    "timer-count10-ackfirst" => {
-                        workloads::timer(&ctx, true, RESERVE_COUNT).await.map(|r| vec![r])
-                    }
-                    "disque-add" => disque::add(&ctx).await.map(|r| vec![r]),
-                    "disque-drain" => disque::drain(&ctx).await.map(|r| vec![r]),
-                    "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),
-                    "failover" => workloads::failover(&ctx, &mut cluster).await.map(|r| vec![r]),
-                    "storage" => workloads::storage(&ctx, &mut cluster).await,
-                    _ => Ok(Vec::new()),
-                };
-                // After a failover the restarted node has a new pid: it counts from its start.
-                let usage = ctx.cpu.finish(&cluster.pids());
-                emit_all(&mut rows, &cluster.name, w, c, result, usage);
+    let delayd = Delayd { args: &args, opts: &opts, selected: &selected, levels: &levels, ns: &ns };
+    match &compare_bin {
+        None => delayd.run(&bin, None, &mut rows).await,
+        Some(other) => {
+            for pair in 1..=usize::try_from(args.pairs).unwrap_or(1) {
+                for side in compare::order(pair) {
+                    let side_bin = if side == 'A' { &bin } else { other };
+                    delayd.run(side_bin, Some(compare::label(side, pair)), &mut rows).await;
+                }
             }
         }
     }
@@ -348,11 +318,18 @@ async fn run(args: Args) -> Result<ExitCode> {
     if !ratios.is_empty() {
         println!("\n{}", report::ratio_table(&ratios));
     }
+    let comparisons = compare::compare(&rows);
+    if let Some(other) = &compare_bin {
+        println!("\nA: {}\nB: {}\n", bin.display(), other.display());
+        println!("{}", compare::table(&comparisons));
+    }
     let meta = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "cpus": cpus,
         "delayd_bin": bin.display().to_string(),
         "delayd_profile": profile,
+        "compare_bin": compare_bin.as_ref().map(|b| b.display().to_string()),
+        "comparison": comparisons,
         "started_unix_s": started,
         "smoke": args.smoke,
         "client_levels": levels,
@@ -383,6 +360,113 @@ async fn run(args: Args) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What every delayd run of one invocation shares.
+struct Delayd<'a> {
+    args: &'a Args,
+    opts: &'a Opts,
+    selected: &'a [&'a str],
+    levels: &'a [usize],
+    ns: &'a str,
+}
+
+impl Delayd<'_> {
+    /// Runs the selected workloads on each cluster size with `bin`, the rows' system names
+    /// ending in `label` when there is one.
+    async fn run(&self, bin: &std::path::Path, label: Option<String>, rows: &mut Vec<Row>) {
+        let args = self.args;
+        let sizes: Vec<Option<usize>> = if args.target.is_empty() {
+            args.nodes.iter().map(|n| Some(*n)).collect()
+        } else {
+            vec![None]
+        };
+        for size in sizes {
+            self.run_size(bin, size, label.as_deref(), rows).await;
+        }
+    }
+
+    async fn run_size(
+        &self,
+        bin: &std::path::Path,
+        size: Option<usize>,
+        label: Option<&str>,
+        rows: &mut Vec<Row>,
+    ) {
+        let (args, opts, ns) = (self.args, self.opts, self.ns);
+        let started_cluster = match size {
+            Some(n) => Cluster::start(bin, n, args.auth).await,
+            None => Ok(Cluster::target(args.target.clone(), args.token.clone())),
+        };
+        let mut cluster = match started_cluster {
+            Ok(c) => c,
+            Err(e) => {
+                let name = labelled(&format!("delayd {} nodes", size.unwrap_or(0)), label);
+                emit(rows, Row::failed(&name, "start", &e));
+                return;
+            }
+        };
+        if let Some(label) = label {
+            cluster.name = labelled(&cluster.name, Some(label));
+        }
+        if args.via_leader && cluster.urls.len() > 1 {
+            if let Err(e) = cluster.steer_to_leader().await {
+                emit(rows, Row::failed(&cluster.name, "start", &e));
+                return;
+            }
+        }
+        // Built at the largest level, so its connection pool serves every level.
+        let base = match Ctx::new(&cluster, opts, ns) {
+            Ok(base) => base,
+            Err(e) => {
+                emit(rows, Row::failed(&cluster.name, "start", &e));
+                return;
+            }
+        };
+        for w in self.selected {
+            for c in levels_of(w, self.levels) {
+                let ctx = base.with_clients(c);
+                let _running = progress::phase(format!("{} · {w} · {c} clients", cluster.name));
+                ctx.cpu.start(&cluster.pids());
+                let result = match *w {
+                    "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
+                    "publish-bulk" => workloads::publish(&ctx, true).await.map(|r| vec![r]),
+                    "publish-grpc-stream" => {
+                        workloads::publish_grpc_stream(&ctx).await.map(|r| vec![r])
+                    }
+                    "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
+                    "drain-ackfirst" => workloads::drain_ackfirst(&ctx).await.map(|r| vec![r]),
+                    "drain-count10" => workloads::drain_count10(&ctx).await.map(|r| vec![r]),
+                    "drain-count10-ackfirst" => {
+                        workloads::drain_count10_ackfirst(&ctx).await.map(|r| vec![r])
+                    }
+                    "lifecycle" => workloads::lifecycle(&ctx).await.map(|r| vec![r]),
+                    "timer" => workloads::timer(&ctx, false, 1).await.map(|r| vec![r]),
+                    "timer-ackfirst" => workloads::timer(&ctx, true, 1).await.map(|r| vec![r]),
+                    "timer-count10-ackfirst" => {
+                        workloads::timer(&ctx, true, RESERVE_COUNT).await.map(|r| vec![r])
+                    }
+                    "disque-add" => disque::add(&ctx).await.map(|r| vec![r]),
+                    "disque-drain" => disque::drain(&ctx).await.map(|r| vec![r]),
+                    "publish-latency" => workloads::publish_latency(&ctx).await.map(|r| vec![r]),
+                    "failover" => workloads::failover(&ctx, &mut cluster).await.map(|r| vec![r]),
+                    "storage" => workloads::storage(&ctx, &mut cluster).await,
+                    _ => Ok(Vec::new()),
+                };
+                // After a failover the restarted node has a new pid: it counts from its start.
+                let usage = ctx.cpu.finish(&cluster.pids());
+                emit_all(rows, &cluster.name, w, c, result, usage);
+            }
+        }
+    }
+}
+
+/// `name` with ` label` at its end, when there is a label.
+fn labelled(name: &str, label: Option<&str>) -> String {
+    match label {
+        Some(label) => format!("{name} {label}"),
+        None => name.to_owned(),
+    }
 }
 
 /// The client levels workload `w` runs at: each one, or only the largest.

@@ -137,3 +137,51 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     ensure!(md.contains("## Server CPU per job, by thread"), "no CPU split in the report");
     Ok(())
 }
+
+#[test]
+fn compare_mode_runs_both_builds_in_alternating_pairs() -> Result<()> {
+    let Some(delayd) = delayd_bin() else {
+        eprintln!("skipped: target/debug/delayd is missing (cargo build -p delayd)");
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let json = dir.path().join("compare.json");
+    // The same build on both sides: the comparison's shape is what is checked, not its ratios.
+    let out = Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
+        .args(["--smoke", "--workloads", "publish-http", "--pairs", "2", "--bin"])
+        .arg(&delayd)
+        .arg("--compare-bin")
+        .arg(&delayd)
+        .arg("--json")
+        .arg(&json)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let results: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    // Four runs, labelled by side and pair, in the order A B, then B A.
+    let systems: Vec<&str> = results["rows"]
+        .as_array()
+        .context("rows")?
+        .iter()
+        .filter_map(|r| r["system"].as_str())
+        .collect();
+    let order: Vec<&str> =
+        systems.iter().filter_map(|s| s.rsplit_once(' ').map(|(_, label)| label)).collect();
+    ensure!(order == ["[A1]", "[B1]", "[B2]", "[A2]"], "runs: {systems:?}");
+    // One comparison row, over both pairs, with its ratios and counts.
+    let comparison = results["meta"]["comparison"].as_array().context("comparison")?;
+    ensure!(comparison.len() == 1, "{comparison:?}");
+    let row = &comparison[0];
+    ensure!(row["workload"] == "publish-http" && row["system"] == "delayd 1 node", "{row}");
+    ensure!(row["pairs"].as_array().map(Vec::len) == Some(2), "{row}");
+    ensure!(row["jobs_per_s_ratio"].as_f64().is_some_and(|r| r > 0.0), "{row}");
+    ensure!(row["b_faster"].as_u64().is_some_and(|n| n <= 2), "{row}");
+    ensure!(stdout.contains("jobs/s B÷A"), "no comparison table:\n{stdout}");
+    Ok(())
+}
