@@ -406,14 +406,15 @@ impl Delayd<'_> {
                 return;
             }
         };
-        if let Some(label) = label {
-            cluster.name = labelled(&cluster.name, Some(label));
-        }
         if args.via_leader && cluster.urls.len() > 1 {
             if let Err(e) = cluster.steer_to_leader().await {
-                emit(rows, Row::failed(&cluster.name, "start", &e));
+                emit(rows, Row::failed(&labelled(&cluster.name, label), "start", &e));
                 return;
             }
+        }
+        // Last, after anything the cluster adds to its name ("via the leader").
+        if let Some(label) = label {
+            cluster.name = labelled(&cluster.name, Some(label));
         }
         // Built at the largest level, so its connection pool serves every level.
         let base = match Ctx::new(&cluster, opts, ns) {
