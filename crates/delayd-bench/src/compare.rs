@@ -7,7 +7,8 @@
 //! (`--bin`) and build B (`--compare-bin`) in pairs, each run on fresh clusters, in the order
 //! A B, B A, A B, … (so that a drift of the machine over the session weighs on both sides
 //! alike), and reports for every row the per-pair ratios B ÷ A, their median, and in how many
-//! pairs B did better. A change is worth keeping when B does better in most pairs, not when
+//! pairs B did better. Beside jobs/s and CPU per job it compares the p99 latency (lateness,
+//! for the timer rows, whose rate is fixed by the workload). A change is worth keeping when B does better in most pairs, not when
 //! one pair's ratio looks good.
 //!
 //! The runs' rows carry the pair in their system name (`… [A1]`, `… [B1]`, …); this module
@@ -41,6 +42,8 @@ pub struct Pair {
     pub jobs_per_s: (f64, f64),
     /// Server CPU per job, µs.
     pub cpu_us_per_job: (f64, f64),
+    /// The rows' p99 latency (or lateness), ms, when both have one.
+    pub p99_ms: Option<(f64, f64)>,
 }
 
 /// One row of the comparison: a workload at one client level on one cluster size, over every
@@ -56,6 +59,8 @@ pub struct Comparison {
     pub jobs_per_s_ratio: Option<f64>,
     /// Median of B ÷ A over the pairs' CPU per job.
     pub cpu_ratio: Option<f64>,
+    /// Median of B ÷ A over the pairs' p99 latency.
+    pub p99_ratio: Option<f64>,
     /// Pairs in which B did more jobs/s than A.
     pub b_faster: usize,
     /// Pairs in which B spent less CPU per job than A.
@@ -81,10 +86,12 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
 }
 
-/// A row's figures, when it has both and they can be divided by.
-fn figures(r: &Row) -> Option<(f64, f64)> {
+/// A row's jobs/s, CPU per job and p99 latency, when it has the first two and they can be
+/// divided by.
+fn figures(r: &Row) -> Option<(f64, f64, Option<f64>)> {
     let (jobs, cpu) = (r.jobs_per_s?, r.server_cpu_us_per_job?);
-    (jobs > 0.0 && cpu > 0.0).then_some((jobs, cpu))
+    let p99 = r.latency_ms.map(|l| l.p99).filter(|p| *p > 0.0);
+    (jobs > 0.0 && cpu > 0.0).then_some((jobs, cpu, p99))
 }
 
 /// Groups the labelled rows of a comparison run by system, workload and client level, and
@@ -93,7 +100,7 @@ fn figures(r: &Row) -> Option<(f64, f64)> {
 pub fn compare(rows: &[Row]) -> Vec<Comparison> {
     // Per system, workload and client level; per pair: A's jobs/s and CPU per job, and B's.
     type Key = (String, String, Option<usize>);
-    type Sides = [Option<(f64, f64)>; 2];
+    type Sides = [Option<(f64, f64, Option<f64>)>; 2];
     let mut sides: BTreeMap<Key, BTreeMap<usize, Sides>> = BTreeMap::new();
     for row in rows.iter().filter(|r| r.status == Status::Ok) {
         let (Some((base, side, pair)), Some(f)) = (unlabel(&row.system), figures(row)) else {
@@ -109,19 +116,21 @@ pub fn compare(rows: &[Row]) -> Vec<Comparison> {
             let pairs: Vec<Pair> = by_pair
                 .values()
                 .filter_map(|[a, b]| {
-                    let ((ja, ca), (jb, cb)) = ((*a)?, (*b)?);
-                    Some(Pair { jobs_per_s: (ja, jb), cpu_us_per_job: (ca, cb) })
+                    let ((ja, ca, pa), (jb, cb, pb)) = ((*a)?, (*b)?);
+                    let p99_ms = pa.zip(pb);
+                    Some(Pair { jobs_per_s: (ja, jb), cpu_us_per_job: (ca, cb), p99_ms })
                 })
                 .collect();
-            let ratios = |f: fn(&Pair) -> (f64, f64)| {
-                median(pairs.iter().map(|p| f(p).1 / f(p).0).collect())
+            let ratios = |f: fn(&Pair) -> Option<(f64, f64)>| {
+                median(pairs.iter().filter_map(f).map(|(a, b)| b / a).collect())
             };
             Comparison {
                 system,
                 workload,
                 clients,
-                jobs_per_s_ratio: ratios(|p| p.jobs_per_s),
-                cpu_ratio: ratios(|p| p.cpu_us_per_job),
+                jobs_per_s_ratio: ratios(|p| Some(p.jobs_per_s)),
+                cpu_ratio: ratios(|p| Some(p.cpu_us_per_job)),
+                p99_ratio: ratios(|p| p.p99_ms),
                 b_faster: pairs.iter().filter(|p| p.jobs_per_s.1 > p.jobs_per_s.0).count(),
                 b_cheaper: pairs.iter().filter(|p| p.cpu_us_per_job.1 < p.cpu_us_per_job.0).count(),
                 pairs,
@@ -133,8 +142,8 @@ pub fn compare(rows: &[Row]) -> Vec<Comparison> {
 /// The comparison as a plain-text table, one line per row.
 pub fn table(comparisons: &[Comparison]) -> String {
     let mut out = format!(
-        "{:<40} {:<22} {:>3}  {:>10} {:>6}  {:>10} {:>6}  per pair, A → B\n",
-        "system", "workload", "c", "jobs/s B÷A", "B more", "µs/job B÷A", "B less"
+        "{:<40} {:<22} {:>3}  {:>10} {:>6}  {:>10} {:>6}  {:>7}  per pair, A → B\n",
+        "system", "workload", "c", "jobs/s B÷A", "B more", "µs/job B÷A", "B less", "p99 B÷A"
     );
     for c in comparisons {
         let ratio = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.3}"));
@@ -143,12 +152,16 @@ pub fn table(comparisons: &[Comparison]) -> String {
             .iter()
             .map(|p| {
                 let ((ja, jb), (ca, cb)) = (p.jobs_per_s, p.cpu_us_per_job);
-                format!("{ja:.0} → {jb:.0}/s, {ca:.0} → {cb:.0} µs")
+                let mut pair = format!("{ja:.0} → {jb:.0}/s, {ca:.0} → {cb:.0} µs");
+                if let Some((pa, pb)) = p.p99_ms {
+                    let _ = write!(pair, ", p99 {pa:.1} → {pb:.1} ms");
+                }
+                pair
             })
             .collect();
         let _ = writeln!(
             out,
-            "{:<40} {:<22} {:>3}  {:>10} {:>6}  {:>10} {:>6}  {}",
+            "{:<40} {:<22} {:>3}  {:>10} {:>6}  {:>10} {:>6}  {:>7}  {}",
             c.system,
             c.workload,
             c.clients.map_or("-".to_owned(), |n| n.to_string()),
@@ -156,6 +169,7 @@ pub fn table(comparisons: &[Comparison]) -> String {
             format!("{}/{}", c.b_faster, c.pairs.len()),
             ratio(c.cpu_ratio),
             format!("{}/{}", c.b_cheaper, c.pairs.len()),
+            ratio(c.p99_ratio),
             pairs.join("; "),
         );
     }
@@ -165,6 +179,7 @@ pub fn table(comparisons: &[Comparison]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::Percentiles;
 
     fn row(system: &str, workload: &str, jobs_per_s: f64, cpu: f64) -> Row {
         let mut r = Row::failed(system, workload, &anyhow::anyhow!("unused"));
@@ -172,6 +187,14 @@ mod tests {
         r.jobs_per_s = Some(jobs_per_s);
         r.server_cpu_us_per_job = Some(cpu);
         r.clients = Some(64);
+        // p99 in proportion to the CPU, to check its ratio too.
+        r.latency_ms = Some(Percentiles {
+            n: 1,
+            p50: cpu / 20.0,
+            p99: cpu / 10.0,
+            p999: cpu / 10.0,
+            max: cpu / 10.0,
+        });
         r
     }
 
@@ -198,10 +221,11 @@ mod tests {
         assert_eq!(c.jobs_per_s_ratio, Some(1.1));
         assert_eq!((c.b_faster, c.b_cheaper), (2, 2));
         assert_eq!(c.cpu_ratio, Some(0.9));
+        assert_eq!(c.p99_ratio, c.cpu_ratio);
         let table = table(&[]);
         assert!(table.starts_with("system"), "{table}");
         let line = super::table(std::slice::from_ref(c));
-        assert!(line.contains("100 → 110/s, 50 → 40 µs; 100 → 90/s"), "{line}");
+        assert!(line.contains("100 → 110/s, 50 → 40 µs, p99 5.0 → 4.0 ms; 100 → 90/s"), "{line}");
     }
 
     #[test]
