@@ -19,6 +19,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::report;
 use crate::stats::{Row, Status};
 
 /// The label of run `side` (`'A'` or `'B'`) of pair `pair` (from 1), put at the end of the
@@ -98,7 +99,7 @@ fn figures(r: &Row) -> Option<(f64, f64, Option<f64>)> {
 /// pairs A's with B's. Rows without a label (the peers), failed rows and pairs with a side
 /// missing are left out.
 pub fn compare(rows: &[Row]) -> Vec<Comparison> {
-    // Per system, workload and client level; per pair: A's jobs/s and CPU per job, and B's.
+    // Per system, workload and client level; per pair: A's figures and B's.
     type Key = (String, String, Option<usize>);
     type Sides = [Option<(f64, f64, Option<f64>)>; 2];
     let mut sides: BTreeMap<Key, BTreeMap<usize, Sides>> = BTreeMap::new();
@@ -146,7 +147,6 @@ pub fn table(comparisons: &[Comparison]) -> String {
         "system", "workload", "c", "jobs/s B÷A", "B more", "µs/job B÷A", "B less", "p99 B÷A"
     );
     for c in comparisons {
-        let ratio = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.3}"));
         let pairs: Vec<String> = c
             .pairs
             .iter()
@@ -164,12 +164,12 @@ pub fn table(comparisons: &[Comparison]) -> String {
             "{:<40} {:<22} {:>3}  {:>10} {:>6}  {:>10} {:>6}  {:>7}  {}",
             c.system,
             c.workload,
-            c.clients.map_or("-".to_owned(), |n| n.to_string()),
-            ratio(c.jobs_per_s_ratio),
+            report::clients(c.clients),
+            report::opt(c.jobs_per_s_ratio, 3),
             format!("{}/{}", c.b_faster, c.pairs.len()),
-            ratio(c.cpu_ratio),
+            report::opt(c.cpu_ratio, 3),
             format!("{}/{}", c.b_cheaper, c.pairs.len()),
-            ratio(c.p99_ratio),
+            report::opt(c.p99_ratio, 3),
             pairs.join("; "),
         );
     }

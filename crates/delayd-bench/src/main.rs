@@ -301,7 +301,8 @@ async fn run(args: Args) -> Result<ExitCode> {
             for pair in 1..=usize::try_from(args.pairs).unwrap_or(1) {
                 for side in compare::order(pair) {
                     let side_bin = if side == 'A' { &bin } else { other };
-                    delayd.run(side_bin, Some(compare::label(side, pair)), &mut rows).await;
+                    let label = compare::label(side, pair);
+                    delayd.run(side_bin, Some(&label), &mut rows).await;
                 }
             }
         }
@@ -374,7 +375,7 @@ struct Delayd<'a> {
 impl Delayd<'_> {
     /// Runs the selected workloads on each cluster size with `bin`, the rows' system names
     /// ending in `label` when there is one.
-    async fn run(&self, bin: &std::path::Path, label: Option<String>, rows: &mut Vec<Row>) {
+    async fn run(&self, bin: &std::path::Path, label: Option<&str>, rows: &mut Vec<Row>) {
         let args = self.args;
         let sizes: Vec<Option<usize>> = if args.target.is_empty() {
             args.nodes.iter().map(|n| Some(*n)).collect()
@@ -382,7 +383,7 @@ impl Delayd<'_> {
             vec![None]
         };
         for size in sizes {
-            self.run_size(bin, size, label.as_deref(), rows).await;
+            self.run_size(bin, size, label, rows).await;
         }
     }
 
@@ -413,9 +414,7 @@ impl Delayd<'_> {
             }
         }
         // Last, after anything the cluster adds to its name ("via the leader").
-        if let Some(label) = label {
-            cluster.name = labelled(&cluster.name, Some(label));
-        }
+        cluster.name = labelled(&cluster.name, label);
         // Built at the largest level, so its connection pool serves every level.
         let base = match Ctx::new(&cluster, opts, ns) {
             Ok(base) => base,

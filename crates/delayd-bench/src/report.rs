@@ -73,11 +73,13 @@ pub fn ratios(rows: &[Row]) -> Vec<Ratio> {
     out
 }
 
-fn opt(v: Option<f64>, prec: usize) -> String {
+/// `v` with `prec` decimals, or `-`.
+pub(crate) fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.prec$}"))
 }
 
-fn clients(c: Option<usize>) -> String {
+/// A client level, or `-` for a workload without one.
+pub(crate) fn clients(c: Option<usize>) -> String {
     c.map_or("-".to_string(), |c| c.to_string())
 }
 
