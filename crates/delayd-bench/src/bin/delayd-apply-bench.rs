@@ -1,0 +1,263 @@
+//! `delayd-apply-bench`: what applying a job's commands costs one node, without the cluster.
+//!
+//! Every node of a cluster applies every committed entry to its own RocksDB, so a
+//! microsecond saved in apply is three saved on a three-node cluster. Measured inside a
+//! cluster, that saving drowns in the run-to-run noise of a shared machine; measured here,
+//! in one process with nothing else running, it does not. The tool opens a store in a
+//! temporary directory (or `--dir`), builds log entries the way a leader batches them
+//! (`--batch` commands per entry, 100-byte bodies) and hands them to the state machine
+//! through openraft's own `apply` call, then prints per workload the wall time and the
+//! process's CPU time (RocksDB's background threads included) per job.
+//!
+//! Workloads, each on the state the previous ones left (`--jobs` jobs each):
+//! - `publish`: jobs published due in an hour (the cluster bench's publish row);
+//! - `publish-ready`: jobs published due now;
+//! - `ack-first`: a reserve of one that carries the ack of the consumer's previous job
+//!   (`GET …?ack=`): `Ack` then `Reserve`, one pair per job, from a backlog published first;
+//! - `count10-ackfirst`: ten acks then a reserve of ten, per round of ten jobs, likewise;
+//! - `tick`: jobs published due at one instant, then fired by ticks of 1,000.
+//!
+//! Only the named work is measured: a drain's backlog and the tick's jobs are published
+//! before the clock starts.
+//!
+//! Acks carry no lease (the lease check is a comparison on the record the ack loads
+//! anyway), and each consumer's jobs are known from the order they were published in.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName};
+use delayd_store::{LogEntry, StateMachineStore, Store, TypeConfig};
+use openraft::entry::RaftEntry;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+
+/// The allocator the delayd binary runs with, so that allocation costs what it costs a node.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const WORKLOADS: [&str; 5] = ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick"];
+
+/// Applies delayd commands to one store and prints the cost per job.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Jobs per workload.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    jobs: u64,
+    /// Commands per log entry, as a leader under load batches them (64 or fewer are applied
+    /// inline, as on a node).
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    batch: u64,
+    /// Body size in bytes.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
+    body: u64,
+    /// Workloads to run, in this order (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
+    workloads: Vec<String>,
+    /// Data directory (default: a fresh temporary one, removed at the end).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// The store and the log position entries are applied at.
+struct Bench {
+    sm: StateMachineStore,
+    index: u64,
+    /// The replicated clock the entries carry.
+    now_ms: u64,
+    queue: QueueName,
+    body: Vec<u8>,
+    next_id: u128,
+    /// Ids of the ready jobs, in line order, not yet handed to a consumer.
+    ready: std::collections::VecDeque<JobId>,
+}
+
+impl Bench {
+    async fn apply(&mut self, commands: Vec<Command>) -> Result<()> {
+        self.index += 1;
+        let entry = LogEntry::new_normal(
+            openraft::testing::log_id::<TypeConfig>(1, 1, self.index),
+            Entry { now_ms: self.now_ms, commands },
+        );
+        let items: Vec<Result<EntryResponder<TypeConfig>, io::Error>> = vec![Ok((entry, None))];
+        RaftStateMachine::apply(&mut self.sm, futures::stream::iter(items)).await?;
+        Ok(())
+    }
+
+    fn publish(&mut self, due: Due) -> Command {
+        self.next_id += 1;
+        let job = NewJob {
+            id: JobId(self.next_id),
+            key: None,
+            body: self.body.clone(),
+            attributes: Default::default(),
+            due,
+            ttl_ms: None,
+            tries: 1,
+            ttr_ms: 30_000,
+            priority: 0,
+        };
+        Command::Publish { queue: self.queue.clone(), job }
+    }
+
+    fn reserve(&self, count: u32, seed: u64) -> Command {
+        Command::Reserve { queues: vec![self.queue.clone()], count, ttr_ms: None, lease_seed: seed }
+    }
+
+    fn ack(&self, id: JobId) -> Command {
+        Command::Ack { queue: self.queue.clone(), id, lease: None }
+    }
+
+    /// Publishes `jobs` jobs due at `due`, `batch` per entry.
+    async fn publish_all(&mut self, jobs: u64, batch: u64, due: Due, ready: bool) -> Result<()> {
+        let mut left = jobs;
+        while left > 0 {
+            let n = left.min(batch);
+            let commands: Vec<Command> = (0..n).map(|_| self.publish(due)).collect();
+            if ready {
+                self.ready.extend((self.next_id + 1 - u128::from(n)..=self.next_id).map(JobId));
+            }
+            self.apply(commands).await?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// Consumers taking `per` jobs per reserve and acking them on their next one: each
+    /// entry holds `batch` commands' worth of such requests (a request is `per` acks and a
+    /// reserve). Ends with the last round's acks. The backlog is published first, unmeasured.
+    async fn drain(&mut self, jobs: u64, batch: u64, per: u32) -> Result<Measured> {
+        self.publish_all(jobs, batch, Due::After(0), true).await?;
+        let measured = Measured::start()?;
+        let requests_per_entry = (batch / (u64::from(per) + 1)).max(1);
+        let mut held: Vec<Vec<JobId>> = vec![Vec::new(); requests_per_entry as usize];
+        let mut taken = 0u64;
+        let mut seed = 0u64;
+        while taken < jobs {
+            let mut commands = Vec::new();
+            for consumer in held.iter_mut() {
+                commands.extend(consumer.drain(..).map(|id| self.ack(id)));
+                let want = u64::from(per).min(jobs - taken);
+                if want == 0 {
+                    continue;
+                }
+                seed += 1;
+                commands.push(self.reserve(want as u32, seed));
+                consumer.extend(self.ready.drain(..want as usize));
+                taken += want;
+            }
+            self.apply(commands).await?;
+        }
+        let acks: Vec<Command> = held.iter().flatten().map(|&id| self.ack(id)).collect();
+        self.apply(acks).await?;
+        measured.stop()
+    }
+
+    /// Jobs published due at one instant, then fired by ticks of 1,000 (the pump's limit),
+    /// with the clock past the instant. Only the ticks are measured.
+    async fn tick(&mut self, jobs: u64, batch: u64) -> Result<Measured> {
+        let due = self.now_ms + 1_000;
+        self.publish_all(jobs, batch, Due::At(due), false).await?;
+        self.now_ms = due + 1;
+        let measured = Measured::start()?;
+        for _ in 0..jobs.div_ceil(1_000) {
+            self.apply(vec![Command::Tick { limit: 1_000 }]).await?;
+        }
+        measured.stop()
+    }
+
+    /// Publishes `jobs` jobs due after `delay_ms`, measured.
+    async fn publish_measured(&mut self, jobs: u64, batch: u64, delay_ms: u64) -> Result<Measured> {
+        let measured = Measured::start()?;
+        self.publish_all(jobs, batch, Due::After(delay_ms), delay_ms == 0).await?;
+        measured.stop()
+    }
+}
+
+/// Wall time and process CPU time of a measured phase.
+#[derive(Clone, Copy)]
+struct Measured {
+    wall: Duration,
+    cpu: Duration,
+    /// Set while running: when the phase started, and the CPU used by then.
+    start: Option<Instant>,
+}
+
+impl Measured {
+    fn start() -> Result<Measured> {
+        Ok(Measured { wall: Duration::ZERO, cpu: process_cpu()?, start: Some(Instant::now()) })
+    }
+
+    fn stop(self) -> Result<Measured> {
+        let wall = self.start.map_or(Duration::ZERO, |s| s.elapsed());
+        Ok(Measured { wall, cpu: process_cpu()?.saturating_sub(self.cpu), start: None })
+    }
+}
+
+/// The CPU time this process has used, every thread included (from `/proc/self/stat`).
+fn process_cpu() -> Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("read /proc/self/stat")?;
+    // The fields after the command name, which is in parentheses and may contain spaces.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("parse /proc/self/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<u64> {
+        fields.get(i).context("short /proc/self/stat")?.parse().context("parse CPU ticks")
+    };
+    // utime and stime are fields 14 and 15 of the whole line; 11 and 12 after the name.
+    // Linux reports them in USER_HZ, which is 100 on every platform it supports.
+    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let workloads: Vec<String> = if args.workloads.is_empty() {
+        WORKLOADS.iter().map(|w| w.to_string()).collect()
+    } else {
+        args.workloads.clone()
+    };
+    let temp = tempfile::tempdir()?;
+    let dir = args.dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
+    let (_log, sm) = Store::open(&dir).context("open the store")?;
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let mut bench = Bench {
+        sm,
+        index: 0,
+        now_ms: u64::try_from(now_ms)?,
+        queue: QueueName::new("bench", "apply"),
+        body: vec![b'x'; args.body as usize],
+        next_id: 1 << 100,
+        ready: Default::default(),
+    };
+    println!(
+        "{} jobs per workload, {} commands per entry, {}-byte bodies, store in {}",
+        args.jobs,
+        args.batch,
+        args.body,
+        dir.display()
+    );
+    println!("{:<18} {:>10} {:>12} {:>12}", "workload", "jobs/s", "wall µs/job", "CPU µs/job");
+    for workload in &workloads {
+        let (jobs, batch) = (args.jobs, args.batch);
+        let m = match workload.as_str() {
+            "publish" => bench.publish_measured(jobs, batch, 3_600_000).await?,
+            "publish-ready" => bench.publish_measured(jobs, batch, 0).await?,
+            "ack-first" => bench.drain(jobs, batch, 1).await?,
+            "count10-ackfirst" => bench.drain(jobs, batch, 10).await?,
+            "tick" => bench.tick(jobs, batch).await?,
+            other => bail!("unknown workload {other}"),
+        };
+        let per_job = |d: Duration| d.as_secs_f64() * 1e6 / jobs as f64;
+        println!(
+            "{:<18} {:>10.0} {:>12.2} {:>12.2}",
+            workload,
+            jobs as f64 / m.wall.as_secs_f64(),
+            per_job(m.wall),
+            per_job(m.cpu)
+        );
+    }
+    Ok(())
+}
