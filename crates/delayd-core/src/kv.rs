@@ -56,6 +56,11 @@ impl Cf {
         Cf::Meta,
     ];
 
+    /// The column family's place in [`Cf::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The column family's name on disk. Stable: changing one is an on-disk format change.
     pub fn name(self) -> &'static str {
         match self {
@@ -147,7 +152,9 @@ pub type Write = (Cf, Vec<u8>, Option<Vec<u8>>);
 /// Pending writes over a read view; reads see the pending writes first.
 pub struct Overlay<'a, R: KvRead + ?Sized> {
     base: &'a R,
-    pending: BTreeMap<(Cf, Vec<u8>), Option<Vec<u8>>>,
+    /// One ordered map per column family (indexed like [`Cf::ALL`]), so that a read looks a
+    /// key up by reference, without building an owned `(Cf, key)` to compare with.
+    pending: [BTreeMap<Vec<u8>, Option<Vec<u8>>>; Cf::ALL.len()],
     /// Bytes of keys and values buffered so far, counting overwritten ones too: an upper
     /// bound of the batch's memory, cheap to keep.
     buffered_bytes: usize,
@@ -156,24 +163,24 @@ pub struct Overlay<'a, R: KvRead + ?Sized> {
 impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
     /// Starts an empty batch over `base`.
     pub fn new(base: &'a R) -> Self {
-        Overlay { base, pending: BTreeMap::new(), buffered_bytes: 0 }
+        Overlay { base, pending: Default::default(), buffered_bytes: 0 }
     }
 
     /// Buffers a put.
     pub fn put(&mut self, cf: Cf, key: Vec<u8>, value: Vec<u8>) {
         self.buffered_bytes += key.len() + value.len();
-        self.pending.insert((cf, key), Some(value));
+        self.pending[cf.index()].insert(key, Some(value));
     }
 
     /// Buffers a delete.
     pub fn delete(&mut self, cf: Cf, key: Vec<u8>) {
         self.buffered_bytes += key.len();
-        self.pending.insert((cf, key), None);
+        self.pending[cf.index()].insert(key, None);
     }
 
     /// Number of buffered writes.
     pub fn len(&self) -> usize {
-        self.pending.len()
+        self.pending.iter().map(BTreeMap::len).sum()
     }
 
     /// An upper bound of the bytes buffered (keys and values, overwritten ones included).
@@ -183,18 +190,21 @@ impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
 
     /// True when nothing is buffered.
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.pending.iter().all(BTreeMap::is_empty)
     }
 
-    /// The buffered writes, in key order, to be written atomically.
+    /// The buffered writes, in (column family, key) order, to be written atomically.
     pub fn into_writes(self) -> impl Iterator<Item = Write> {
-        self.pending.into_iter().map(|((cf, k), v)| (cf, k, v))
+        Cf::ALL
+            .into_iter()
+            .zip(self.pending)
+            .flat_map(|(cf, writes)| writes.into_iter().map(move |(k, v)| (cf, k, v)))
     }
 }
 
 impl<R: KvRead + ?Sized> KvRead for Overlay<'_, R> {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        match self.pending.get(&(cf, key.to_vec())) {
+        match self.pending[cf.index()].get(key) {
             Some(v) => Ok(v.clone()),
             None => self.base.get(cf, key),
         }
@@ -209,11 +219,13 @@ impl<R: KvRead + ?Sized> KvRead for Overlay<'_, R> {
     ) -> Result<(), KvError> {
         // Merge the base's ordered entries with the pending ones; a pending entry shadows the
         // base entry with the same key, and a pending delete hides it.
-        let mut pending = self
-            .pending
-            .range((Bound::Included((cf, from.to_vec())), upper(cf, to)))
-            .map(|((_, k), v)| (k, v))
-            .peekable();
+        if !to.is_empty() && from >= to {
+            // Nothing lies in the range (and `BTreeMap::range` refuses a reversed one).
+            return Ok(());
+        }
+        let end = if to.is_empty() { Bound::Unbounded } else { Bound::Excluded(to) };
+        let mut pending =
+            self.pending[cf.index()].range::<[u8], _>((Bound::Included(from), end)).peekable();
         let mut stopped = false;
         self.base.scan(cf, from, to, &mut |key, value| {
             while let Some((pk, pv)) = pending.peek() {
@@ -288,6 +300,46 @@ mod tests {
         assert_eq!(collect(&o, b"b", b"d").len(), 2);
         assert_eq!(o.get(Cf::Ready, b"e").expect("get"), None);
         assert_eq!(o.get(Cf::Dead, b"b").expect("get"), Some(b"x".to_vec()));
+    }
+
+    #[test]
+    fn column_family_indexes_follow_all() {
+        for (i, cf) in Cf::ALL.into_iter().enumerate() {
+            assert_eq!(cf.index(), i, "{cf:?}");
+        }
+    }
+
+    #[test]
+    fn overlay_writes_come_out_in_column_family_then_key_order() {
+        let base = MemKv::default();
+        let mut o = Overlay::new(&base);
+        o.put(Cf::Meta, b"m".to_vec(), b"1".to_vec());
+        o.delete(Cf::Ready, b"b".to_vec());
+        o.put(Cf::Ready, b"a".to_vec(), b"2".to_vec());
+        o.put(Cf::Jobs, b"z".to_vec(), b"3".to_vec());
+        o.put(Cf::Ready, b"a".to_vec(), b"4".to_vec());
+        assert_eq!(o.len(), 4);
+        let writes: Vec<Write> = o.into_writes().collect();
+        assert_eq!(
+            writes,
+            [
+                (Cf::Jobs, b"z".to_vec(), Some(b"3".to_vec())),
+                (Cf::Ready, b"a".to_vec(), Some(b"4".to_vec())),
+                (Cf::Ready, b"b".to_vec(), None),
+                (Cf::Meta, b"m".to_vec(), Some(b"1".to_vec())),
+            ]
+        );
+    }
+
+    #[test]
+    fn overlay_scan_of_an_empty_or_reversed_range_visits_nothing() {
+        let mut base = MemKv::default();
+        base.apply([(Cf::Ready, b"b".to_vec(), Some(b"1".to_vec()))]);
+        let mut o = Overlay::new(&base);
+        o.put(Cf::Ready, b"c".to_vec(), b"2".to_vec());
+        assert!(collect(&o, b"c", b"c").is_empty());
+        assert!(collect(&o, b"d", b"a").is_empty());
+        assert_eq!(collect(&o, b"c", b"").len(), 1);
     }
 
     #[test]

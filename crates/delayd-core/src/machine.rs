@@ -14,7 +14,7 @@
 //! always puts the job back (its next delivery reports `remain_tries` 0).
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::codec::{decode, decode_job, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
@@ -144,9 +144,28 @@ pub fn apply<R: KvRead + ?Sized>(
 ) -> Result<Vec<Outcome>, KvError> {
     let clock = read_u64(kv, Cf::Meta, META_CLOCK)?.unwrap_or(0).max(entry.now_ms);
     kv.put(Cf::Meta, META_CLOCK.to_vec(), clock.to_be_bytes().to_vec());
-    let mut tx = Tx { kv, now: clock, effects, loaded_bytes: Cell::new(0) };
+    let demand = entry.commands.iter().map(reserve_demand).fold(0u64, u64::saturating_add);
+    let mut tx = Tx {
+        kv,
+        now: clock,
+        effects,
+        loaded_bytes: Cell::new(0),
+        ahead: Vec::new(),
+        demand_left: demand,
+    };
     entry.commands.iter().map(|c| tx.command(c)).collect()
 }
+
+/// How many ready jobs a command may take from the heads of ready indexes.
+fn reserve_demand(command: &Command) -> u64 {
+    match command {
+        Command::Reserve { count, .. } | Command::ReserveUrgent { count, .. } => u64::from(*count),
+        _ => 0,
+    }
+}
+
+/// At most this many ready keys are read ahead for the later reserves of an entry.
+const READ_AHEAD_MAX: u64 = 256;
 
 fn read_u64(kv: &impl KvRead, cf: Cf, key: &[u8]) -> Result<Option<u64>, KvError> {
     match kv.get(cf, key)? {
@@ -170,6 +189,25 @@ fn lease_token(seed: u64, i: u64) -> u64 {
 /// The head of a queue's ready index: `(index key, id)` of each job, and the key after them.
 type ReadyHead = (Vec<(Vec<u8>, JobId)>, Vec<u8>);
 
+/// A queue's ready index from its floor on, as far as one scan read it during an entry: the
+/// entry's later reserves of the queue take their heads from here instead of each opening a
+/// scan of its own (a RocksDB iterator, its seek and its drop), which was a sixth of applying
+/// a consumer's reserve.
+///
+/// It holds exactly the index keys of the queue in `[floor, next)`, as the overlay shows
+/// them: every write to the ready index goes through [`Tx::index_keeping_seq`] or
+/// [`Tx::unindex`], which keep it so (a key taken from the front is popped; any other change
+/// inside the range drops the whole read-ahead, and the next reserve scans again).
+struct ReadyAhead {
+    queue: QueueName,
+    /// The keys (and ids) from the head of the line on, in order.
+    keys: VecDeque<(Vec<u8>, JobId)>,
+    /// The first index key after them, or the end of the queue's range if the scan got there.
+    next: Vec<u8>,
+    /// Whether the scan reached the end of the queue's range.
+    exhausted: bool,
+}
+
 /// One entry's application: the overlay, the clock and the effects being collected.
 struct Tx<'t, 'a, R: KvRead + ?Sized> {
     kv: &'t mut Overlay<'a, R>,
@@ -178,6 +216,11 @@ struct Tx<'t, 'a, R: KvRead + ?Sized> {
     /// Bytes of job records the current command has loaded: what bounds its work
     /// ([`MAX_WORK_BYTES_PER_COMMAND`]), since every record loaded may be rewritten.
     loaded_bytes: Cell<usize>,
+    /// Ready indexes read ahead for the entry's later reserves, one per queue.
+    ahead: Vec<ReadyAhead>,
+    /// Jobs the entry's reserves after the current command may still take: how far a scan of
+    /// a ready index reads ahead.
+    demand_left: u64,
 }
 
 type Result2<T> = Result<Result<T, Rejection>, KvError>;
@@ -186,6 +229,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     fn command(&mut self, command: &Command) -> Result<Outcome, KvError> {
         // Each command has its own budget, whatever else shares its entry.
         self.loaded_bytes.set(0);
+        self.demand_left = self.demand_left.saturating_sub(reserve_demand(command));
         match command {
             Command::Publish { queue, job } => self.publish(queue, job),
             Command::Republish { queue, old, job } => {
@@ -434,7 +478,12 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             let floor = keys::floor(queue);
             self.kv.put(Cf::Meta, floor.clone(), next);
             for (key, id) in &ready {
-                let Some(mut job) = self.load(*id)? else { continue };
+                let Some(mut job) = self.load(*id)? else {
+                    // An index entry without its job: the floor steps past it, so the
+                    // read-ahead, which still holds it, is dropped.
+                    self.forget_ahead(queue);
+                    continue;
+                };
                 // The reply must stay deliverable: stop before the job that would cross the
                 // bound (never before the first), and leave it at the head of the line.
                 bytes = bytes.saturating_add(job.payload_bytes());
@@ -484,6 +533,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             let Some(mut job) = self.load(id)? else {
                 // An index entry without its job cannot be taken: step past it.
                 self.kv.put(Cf::Meta, keys::floor(queue), next);
+                self.forget_ahead(queue);
                 continue;
             };
             bytes = bytes.saturating_add(job.payload_bytes());
@@ -962,7 +1012,9 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 self.add_hist(q, job.due_ms, -1)?;
             }
             JobState::Ready => {
-                self.kv.delete(Cf::Ready, keys::ready(q, job.priority, job.seq, job.id))
+                let key = keys::ready(q, job.priority, job.seq, job.id);
+                self.ready_key_deleted(q, &key);
+                self.kv.delete(Cf::Ready, key)
             }
             JobState::Reserved => {
                 if let Some(l) = job.lease {
@@ -994,6 +1046,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             }
             JobState::Ready => {
                 let key = keys::ready(&q, job.priority, job.seq, job.id);
+                self.ready_key_added(&q, &key);
                 let floor = keys::floor(&q);
                 if self.kv.get(Cf::Meta, &floor)?.is_some_and(|f| key < f) {
                     self.kv.put(Cf::Meta, floor, key.clone());
@@ -1122,25 +1175,73 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         Ok(())
     }
 
-    /// The first `want` ready jobs of `queue` (index key and id), scanning from the queue's
-    /// floor, and the key the floor moves to once they have all left the index.
-    fn head_of_ready(&self, queue: &QueueName, want: usize) -> Result<ReadyHead, KvError> {
+    /// The first `want` ready jobs of `queue` (index key and id), from the queue's floor on,
+    /// and the key the floor moves to once they have all left the index. Served from the
+    /// queue's read-ahead when it holds enough; otherwise the index is scanned from the floor,
+    /// reading ahead as many keys as the entry's later reserves may take.
+    fn head_of_ready(&mut self, queue: &QueueName, want: usize) -> Result<ReadyHead, KvError> {
+        if let Some(ahead) = self.ahead.iter().find(|a| &a.queue == queue) {
+            let next = match ahead.keys.get(want) {
+                Some((key, _)) => Some(key.clone()),
+                None if ahead.keys.len() == want || ahead.exhausted => Some(ahead.next.clone()),
+                None => None,
+            };
+            if let Some(next) = next {
+                return Ok((ahead.keys.iter().take(want).cloned().collect(), next));
+            }
+        }
+        self.forget_ahead(queue);
         let prefix = keys::queue(queue);
         let end = keys::prefix_end(&prefix);
         let from = self.kv.get(Cf::Meta, &keys::floor(queue))?.unwrap_or_else(|| prefix.clone());
-        let mut head = Vec::new();
+        let extra = usize::try_from(self.demand_left.min(READ_AHEAD_MAX)).unwrap_or(0);
+        let read = want.saturating_add(extra);
+        let mut keys = VecDeque::new();
         let mut next = None;
         self.kv.scan(Cf::Ready, &from, &end, &mut |k, _| {
-            if head.len() == want {
+            if keys.len() == read {
                 next = Some(k.to_vec());
                 return false;
             }
             if let Some(id) = keys::trailing_id(k) {
-                head.push((k.to_vec(), id));
+                keys.push_back((k.to_vec(), id));
             }
             true
         })?;
-        Ok((head, next.unwrap_or(end)))
+        let exhausted = next.is_none();
+        let ahead = ReadyAhead { queue: queue.clone(), keys, next: next.unwrap_or(end), exhausted };
+        let head = ahead.keys.iter().take(want).cloned().collect();
+        let next = ahead.keys.get(want).map_or_else(|| ahead.next.clone(), |(k, _)| k.clone());
+        self.ahead.push(ahead);
+        Ok((head, next))
+    }
+
+    /// Drops the read-ahead of `queue`'s ready index, if there is one.
+    fn forget_ahead(&mut self, queue: &QueueName) {
+        self.ahead.retain(|a| &a.queue != queue);
+    }
+
+    /// Keeps the read-ahead of `queue` exact when `key` leaves its ready index: the head
+    /// leaving is popped; a key leaving from inside the range drops the read-ahead.
+    fn ready_key_deleted(&mut self, queue: &QueueName, key: &[u8]) {
+        let Some(i) = self.ahead.iter().position(|a| &a.queue == queue) else { return };
+        let ahead = &mut self.ahead[i];
+        if ahead.keys.front().is_some_and(|(front, _)| front.as_slice() == key) {
+            ahead.keys.pop_front();
+        } else if key <= ahead.next.as_slice() {
+            // Inside the range read, or its `next` itself: the next floor would differ.
+            self.ahead.swap_remove(i);
+        }
+    }
+
+    /// Keeps the read-ahead of `queue` exact when `key` joins its ready index: a key landing
+    /// up to the end of the range read drops the read-ahead.
+    fn ready_key_added(&mut self, queue: &QueueName, key: &[u8]) {
+        if let Some(i) = self.ahead.iter().position(|a| &a.queue == queue) {
+            if key <= self.ahead[i].next.as_slice() {
+                self.ahead.swap_remove(i);
+            }
+        }
     }
 
     fn meta(&self, queue: &QueueName) -> Result<QueueMeta, KvError> {
