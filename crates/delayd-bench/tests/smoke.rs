@@ -185,3 +185,29 @@ fn compare_mode_runs_both_builds_in_alternating_pairs() -> Result<()> {
     ensure!(stdout.contains("jobs/s B÷A"), "no comparison table:\n{stdout}");
     Ok(())
 }
+
+/// The apply bench runs every workload on a store of its own and checks its own work (each
+/// drain acks everything it took, the ticks fire every job due): a row per workload, with a
+/// positive rate.
+#[test]
+fn apply_bench_runs_every_workload_and_checks_the_stored_counts() -> Result<()> {
+    let out = Command::new(env!("CARGO_BIN_EXE_delayd-apply-bench"))
+        .args(["--jobs", "1500", "--batch", "7", "--body", "10"])
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for workload in ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(workload))
+            .with_context(|| format!("no {workload} row in\n{stdout}"))?;
+        let rate: f64 = row.split_whitespace().nth(1).context("rate")?.parse()?;
+        ensure!(rate > 0.0, "{row}");
+    }
+    Ok(())
+}

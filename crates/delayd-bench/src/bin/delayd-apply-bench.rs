@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName};
+use delayd_core::{Command, Due, Entry, JobId, JobState, NewJob, QueueName};
 use delayd_store::{LogEntry, StateMachineStore, Store, TypeConfig};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftStateMachine};
@@ -111,6 +111,22 @@ impl Bench {
         Command::Ack { queue: self.queue.clone(), id, lease: None }
     }
 
+    /// How many of the queue's jobs are stored in `state`.
+    fn count(&self, state: JobState) -> Result<u64> {
+        let view = self.sm.read_view()?;
+        Ok(delayd_core::query::queue_meta(&view, &self.queue)?.count(state))
+    }
+
+    /// Fails unless the queue holds `want` jobs in `state` (checked after each workload, so
+    /// that a figure is never printed for work that was not done).
+    fn expect(&self, state: JobState, want: u64) -> Result<()> {
+        let got = self.count(state)?;
+        if got != want {
+            bail!("{got} {} jobs stored, {want} expected", state.as_str());
+        }
+        Ok(())
+    }
+
     /// Publishes `jobs` jobs due at `due`, `batch` per entry.
     async fn publish_all(&mut self, jobs: u64, batch: u64, due: Due, ready: bool) -> Result<()> {
         let mut left = jobs;
@@ -153,7 +169,11 @@ impl Bench {
         }
         let acks: Vec<Command> = held.iter().flatten().map(|&id| self.ack(id)).collect();
         self.apply(acks).await?;
-        measured.stop()
+        let measured = measured.stop()?;
+        // Every job taken was acked, and exactly the backlog's worth left the line.
+        self.expect(JobState::Reserved, 0)?;
+        self.expect(JobState::Ready, self.ready.len() as u64)?;
+        Ok(measured)
     }
 
     /// Jobs published due at one instant, then fired by ticks of 1,000 (the pump's limit),
@@ -163,17 +183,25 @@ impl Bench {
         self.publish_all(jobs, batch, Due::At(due), false).await?;
         self.now_ms = due + 1;
         let measured = Measured::start()?;
+        let delayed_before = self.count(JobState::Delayed)?;
         for _ in 0..jobs.div_ceil(1_000) {
             self.apply(vec![Command::Tick { limit: 1_000 }]).await?;
         }
-        measured.stop()
+        let measured = measured.stop()?;
+        // Every job of the instant fired (the ones due in an hour stay).
+        self.expect(JobState::Delayed, delayed_before.saturating_sub(jobs))?;
+        self.ready.extend((self.next_id + 1 - u128::from(jobs)..=self.next_id).map(JobId));
+        self.expect(JobState::Ready, self.ready.len() as u64)?;
+        Ok(measured)
     }
 
     /// Publishes `jobs` jobs due after `delay_ms`, measured.
     async fn publish_measured(&mut self, jobs: u64, batch: u64, delay_ms: u64) -> Result<Measured> {
         let measured = Measured::start()?;
         self.publish_all(jobs, batch, Due::After(delay_ms), delay_ms == 0).await?;
-        measured.stop()
+        let measured = measured.stop()?;
+        self.expect(JobState::Ready, self.ready.len() as u64)?;
+        Ok(measured)
     }
 }
 
