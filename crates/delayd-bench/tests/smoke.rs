@@ -201,7 +201,9 @@ fn apply_bench_runs_every_workload_and_checks_the_stored_counts() -> Result<()> 
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    for workload in ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick"] {
+    for workload in
+        ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick", "tick-riders"]
+    {
         let row = stdout
             .lines()
             .find(|l| l.split_whitespace().next() == Some(workload))

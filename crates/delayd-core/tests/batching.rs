@@ -76,9 +76,12 @@ fn command() -> impl Strategy<Value = Command> {
     ]
 }
 
+/// Every stored record: column family, key and value.
+type Stored = Vec<(Cf, Vec<u8>, Vec<u8>)>;
+
 /// Applies `entries` (each a clock and its commands) to an empty store: the replies in order
 /// and everything stored.
-fn run(entries: &[(u64, Vec<Command>)]) -> (Vec<Outcome>, Vec<(Cf, Vec<u8>, Vec<u8>)>) {
+fn run(entries: &[(u64, Vec<Command>)]) -> (Vec<Outcome>, Stored) {
     let mut kv = MemKv::default();
     let mut outcomes = Vec::new();
     for (now_ms, commands) in entries {

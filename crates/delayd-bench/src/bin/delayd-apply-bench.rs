@@ -15,7 +15,10 @@
 //! - `ack-first`: a reserve of one that carries the ack of the consumer's previous job
 //!   (`GET …?ack=`): `Ack` then `Reserve`, one pair per job, from a backlog published first;
 //! - `count10-ackfirst`: ten acks then a reserve of ten, per round of ten jobs, likewise;
-//! - `tick`: jobs published due at one instant, then fired by ticks of 1,000.
+//! - `tick`: jobs published due at one instant, then fired by ticks of 1,000;
+//! - `tick-riders`: the same jobs fired 50 at a time, each tick's entry carrying the
+//!   reserves of ten of five consumers who ride it (each acking its previous ten first), as
+//!   the timer pump's entries do under a steady due rate.
 //!
 //! Only the named work is measured: a drain's backlog and the tick's jobs are published
 //! before the clock starts.
@@ -38,7 +41,11 @@ use openraft::storage::{EntryResponder, RaftStateMachine};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const WORKLOADS: [&str; 5] = ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick"];
+const WORKLOADS: [&str; 6] =
+    ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick", "tick-riders"];
+
+/// Jobs a `tick-riders` tick fires: what 5,000 jobs/s due bring in 10 ms.
+const RIDDEN_TICK: u64 = 50;
 
 /// Applies delayd commands to one store and prints the cost per job.
 #[derive(Parser, Debug)]
@@ -195,6 +202,43 @@ impl Bench {
         Ok(measured)
     }
 
+    /// Jobs published due at one instant, then fired [`RIDDEN_TICK`] at a time by entries
+    /// that carry, after the `Tick`, a reserve of ten per ten jobs fired, each preceded by
+    /// the acks of that consumer's previous ten. Only the ticks are measured.
+    async fn tick_riders(&mut self, jobs: u64, batch: u64) -> Result<Measured> {
+        let due = self.now_ms + 1_000;
+        self.publish_all(jobs, batch, Due::At(due), false).await?;
+        self.now_ms = due + 1;
+        let riders = RIDDEN_TICK.div_ceil(10) as usize;
+        let mut held: Vec<Vec<JobId>> = vec![Vec::new(); riders];
+        let first = self.next_id + 1 - u128::from(jobs);
+        let mut fired = 0u64;
+        let mut seed = 0u64;
+        let measured = Measured::start()?;
+        while fired < jobs {
+            let n = RIDDEN_TICK.min(jobs - fired);
+            self.ready.extend((0..n).map(|i| JobId(first + u128::from(fired + i))));
+            fired += n;
+            let mut commands = vec![Command::Tick { limit: n as u32 }];
+            for consumer in held.iter_mut() {
+                commands.extend(consumer.drain(..).map(|id| self.ack(id)));
+                let take = self.ready.len().min(10);
+                if take > 0 {
+                    seed += 1;
+                    commands.push(self.reserve(take as u32, seed));
+                    consumer.extend(self.ready.drain(..take));
+                }
+            }
+            self.apply(commands).await?;
+        }
+        let acks: Vec<Command> = held.iter().flatten().map(|&id| self.ack(id)).collect();
+        self.apply(acks).await?;
+        let measured = measured.stop()?;
+        self.expect(JobState::Reserved, 0)?;
+        self.expect(JobState::Ready, self.ready.len() as u64)?;
+        Ok(measured)
+    }
+
     /// Publishes `jobs` jobs due after `delay_ms`, measured.
     async fn publish_measured(&mut self, jobs: u64, batch: u64, delay_ms: u64) -> Result<Measured> {
         let measured = Measured::start()?;
@@ -276,6 +320,7 @@ async fn main() -> Result<()> {
             "ack-first" => bench.drain(jobs, batch, 1).await?,
             "count10-ackfirst" => bench.drain(jobs, batch, 10).await?,
             "tick" => bench.tick(jobs, batch).await?,
+            "tick-riders" => bench.tick_riders(jobs, batch).await?,
             other => bail!("unknown workload {other}"),
         };
         let per_job = |d: Duration| d.as_secs_f64() * 1e6 / jobs as f64;
