@@ -189,6 +189,11 @@ fn lease_token(seed: u64, i: u64) -> u64 {
 /// The head of a queue's ready index: `(index key, id)` of each job, and the key after them.
 type ReadyHead = (Vec<(Vec<u8>, JobId)>, Vec<u8>);
 
+/// A queue's head in a round of [`Tx::reserve_urgent`]: its rank (priority, then place in
+/// line), the queue, the head's index key and id, and where the queue's floor moves once the
+/// head is taken.
+type UrgentHead<'q> = (Vec<u8>, &'q QueueName, Vec<u8>, JobId, Vec<u8>);
+
 /// A queue's ready index from its floor on, as far as one scan read it during an entry: the
 /// entry's later reserves of the queue take their heads from here instead of each opening a
 /// scan of its own (a RocksDB iterator, its seek and its drop), which was a sixth of applying
@@ -494,6 +499,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 }
                 let token = lease_token(seed, out.len() as u64);
                 out.push(self.lease_out(&mut job, ttr_ms, token)?);
+                self.left_index(queue, key);
             }
         }
         Ok(Reply::Reserved(out))
@@ -518,18 +524,17 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             }
         }
         while out.len() < count as usize {
-            // (rank, queue, the head's id, where the queue's floor moves once it is taken)
-            let mut best: Option<(Vec<u8>, &QueueName, JobId, Vec<u8>)> = None;
+            let mut best: Option<UrgentHead<'_>> = None;
             for queue in &open {
                 let (head, next) = self.head_of_ready(queue, 1)?;
                 let Some((key, id)) = head.into_iter().next() else { continue };
                 // The ready key after the queue's prefix: priority, then sequence.
                 let rank = key.get(keys::queue(queue).len()..).unwrap_or_default().to_vec();
                 if best.as_ref().is_none_or(|(r, ..)| rank < *r) {
-                    best = Some((rank, queue, id, next));
+                    best = Some((rank, queue, key, id, next));
                 }
             }
-            let Some((_, queue, id, next)) = best else { break };
+            let Some((_, queue, key, id, next)) = best else { break };
             let Some(mut job) = self.load(id)? else {
                 // An index entry without its job cannot be taken: step past it.
                 self.kv.put(Cf::Meta, keys::floor(queue), next);
@@ -543,6 +548,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             self.kv.put(Cf::Meta, keys::floor(queue), next);
             let token = lease_token(seed, out.len() as u64);
             out.push(self.lease_out(&mut job, ttr_ms, token)?);
+            self.left_index(queue, &key);
         }
         Ok(Reply::Reserved(out))
     }
@@ -1203,8 +1209,16 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 next = Some(k.to_vec());
                 return false;
             }
-            if let Some(id) = keys::trailing_id(k) {
-                keys.push_back((k.to_vec(), id));
+            match keys::trailing_id(k) {
+                Some(id) => keys.push_back((k.to_vec(), id)),
+                // A key without an id is skipped within the `want` asked for, as it always
+                // was; past them it ends the read-ahead, so that a later reserve whose last
+                // job precedes it moves the floor onto it, as a scan of its own would.
+                None if keys.len() >= want => {
+                    next = Some(k.to_vec());
+                    return false;
+                }
+                None => {}
             }
             true
         })?;
@@ -1219,6 +1233,20 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     /// Drops the read-ahead of `queue`'s ready index, if there is one.
     fn forget_ahead(&mut self, queue: &QueueName) {
         self.ahead.retain(|a| &a.queue != queue);
+    }
+
+    /// After a reserve took the job indexed under `key` at the head of `queue`'s line: the
+    /// floor has moved past `key`, and the read-ahead must have too. It has when leasing
+    /// removed that very key from the index; when the index entry named a job that is not
+    /// ready there (an inconsistent index), the key stays at its front, and the read-ahead
+    /// is dropped so that the next reserve scans from the floor, as it would without it.
+    fn left_index(&mut self, queue: &QueueName, key: &[u8]) {
+        let stale = self.ahead.iter().any(|a| {
+            &a.queue == queue && a.keys.front().is_some_and(|(front, _)| front.as_slice() == key)
+        });
+        if stale {
+            self.forget_ahead(queue);
+        }
     }
 
     /// Keeps the read-ahead of `queue` exact when `key` leaves its ready index: the head
@@ -1343,6 +1371,95 @@ mod tests {
         let b_events = JobEvents { published: 1, ..JobEvents::default() };
         assert_eq!(batch.events, BTreeMap::from([(a, a_events), (b, b_events)]));
         assert_eq!(batch.timer_lateness_ms, [20], "due at 1050, fired by the tick at 1070");
+    }
+
+    /// Applies `commands` to a copy of `kv` once as one entry and once as one entry each;
+    /// both must store the same bytes and give the same replies, which are returned.
+    fn grouped_and_apart(kv: &MemKv, commands: Vec<Command>) -> (MemKv, Vec<Outcome>) {
+        let mut apart = kv.clone();
+        let mut replies_apart = Vec::new();
+        for c in &commands {
+            let mut overlay = Overlay::new(&apart);
+            let entry = Entry { now_ms: 2000, commands: vec![c.clone()] };
+            replies_apart
+                .extend(apply(&mut overlay, &entry, &mut Effects::default()).expect("apply"));
+            let writes: Vec<_> = overlay.into_writes().collect();
+            apart.apply(writes);
+        }
+        let mut together = kv.clone();
+        let mut overlay = Overlay::new(&together);
+        let entry = Entry { now_ms: 2000, commands };
+        let replies = apply(&mut overlay, &entry, &mut Effects::default()).expect("apply");
+        let writes: Vec<_> = overlay.into_writes().collect();
+        together.apply(writes);
+        assert_eq!(replies, replies_apart);
+        assert_eq!(together.iter().collect::<Vec<_>>(), apart.iter().collect::<Vec<_>>());
+        (together, replies)
+    }
+
+    fn reserve(queue: &QueueName, count: u32) -> Command {
+        Command::Reserve { queues: vec![queue.clone()], count, ttr_ms: None, lease_seed: 3 }
+    }
+
+    fn delivered(replies: &[Outcome]) -> Vec<Vec<u128>> {
+        replies
+            .iter()
+            .map(|r| match r {
+                Ok(Reply::Reserved(d)) => d.iter().map(|d| d.job.id.0).collect(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// A key without a job id in the ready index (never written by delayd, but a read-ahead
+    /// must not make replicas of different versions disagree about it): the floor lands on
+    /// it, whether the reserve that passes it read ahead or not.
+    #[test]
+    fn a_ready_key_without_an_id_stops_the_read_ahead_where_a_scan_would() {
+        let (a, b) = (QueueName::new("ns", "a"), QueueName::new("ns", "b"));
+        let mut kv = MemKv::default();
+        let mut second = new_job(2, 0);
+        second.priority = 1;
+        run(
+            &mut kv,
+            1000,
+            vec![
+                Command::Publish { queue: a.clone(), job: new_job(1, 0) },
+                Command::Publish { queue: a.clone(), job: second },
+            ],
+        );
+        // Between the two: after priority 0's keys, before priority 1's.
+        let mut short = keys::queue(&a);
+        short.extend_from_slice(&[0, 0, 0, 0, 0xff]);
+        kv.apply([(Cf::Ready, short.clone(), Some(Vec::new()))]);
+
+        let (kv, replies) = grouped_and_apart(&kv, vec![reserve(&a, 1), reserve(&b, 1)]);
+        assert_eq!(delivered(&replies), [vec![1], vec![]]);
+        assert_eq!(kv.get(Cf::Meta, &keys::floor(&a)).expect("read"), Some(short));
+        let (_, replies) = grouped_and_apart(&kv, vec![reserve(&a, 1), reserve(&a, 1)]);
+        assert_eq!(delivered(&replies), [vec![2], vec![]]);
+    }
+
+    /// An index entry whose job is ready elsewhere (here: a job published twice, which the
+    /// server never does): taking it moves the floor past it, and later reserves of the same
+    /// entry, or later rounds of one reserve, must not be handed the same key again.
+    #[test]
+    fn an_index_entry_of_a_job_ready_elsewhere_is_not_served_twice() {
+        let a = QueueName::new("ns", "a");
+        let mut kv = MemKv::default();
+        let publish = |id| Command::Publish { queue: a.clone(), job: new_job(id, 0) };
+        run(&mut kv, 1000, vec![publish(1), publish(2), publish(1)]);
+
+        let (_, replies) = grouped_and_apart(&kv, vec![reserve(&a, 1), reserve(&a, 1)]);
+        assert_eq!(delivered(&replies), [vec![1], vec![2]]);
+        let urgent = Command::ReserveUrgent {
+            queues: vec![a.clone()],
+            count: 2,
+            ttr_ms: None,
+            lease_seed: 3,
+        };
+        let (_, replies) = grouped_and_apart(&kv, vec![urgent]);
+        assert_eq!(delivered(&replies), [vec![1, 2]]);
     }
 
     #[test]
