@@ -4,9 +4,11 @@
 //! different groupings depending on load. Applying an entry keeps state across its commands
 //! (the overlay of pending writes, the read-ahead of ready indexes that serves the entry's
 //! later reserves); none of that may show in the result. Here random sequences of commands
-//! over two queues, with priorities, delays, pauses and ticks, are applied once as a single
-//! entry and once as one entry per command at the same clock: every reply and every stored
-//! byte must be the same.
+//! over two queues (publishes with priorities, delays and ttls; reserves of both kinds,
+//! a queue listed twice among them; acks, releases, cancels, updates, buries, touches,
+//! reserve-job, kicks, respawns, destroys, pauses and ticks) are applied once as a single entry
+//! and once as one entry per command at the same clock: every reply and every stored byte
+//! must be the same.
 
 #![allow(clippy::unwrap_used)]
 
@@ -24,6 +26,7 @@ fn queues() -> impl Strategy<Value = Vec<QueueName>> {
         Just(vec![queue(true)]),
         Just(vec![queue(false), queue(true)]),
         Just(vec![queue(true), queue(false)]),
+        Just(vec![queue(false), queue(false)]),
     ]
 }
 
@@ -31,8 +34,14 @@ fn command() -> impl Strategy<Value = Command> {
     // Ids 1..40 are published in order below; the others name any of them.
     let id = (1u128..40).prop_map(JobId);
     prop_oneof![
-        4 => (any::<bool>(), 0u32..3, prop_oneof![Just(0u64), Just(5), Just(50)], 1usize..300)
-            .prop_map(|(b, priority, delay, body)| Command::Publish {
+        4 => (
+            any::<bool>(),
+            0u32..3,
+            prop_oneof![Just(0u64), Just(5), Just(50)],
+            1usize..300,
+            prop_oneof![Just(None), Just(Some(60u64)), Just(Some(500))],
+        )
+            .prop_map(|(b, priority, delay, body, ttl)| Command::Publish {
                 queue: queue(b),
                 job: NewJob {
                     id: JobId(0), // numbered below
@@ -40,7 +49,7 @@ fn command() -> impl Strategy<Value = Command> {
                     body: vec![7; body],
                     attributes: Default::default(),
                     due: Due::After(delay),
-                    ttl_ms: None,
+                    ttl_ms: ttl,
                     tries: 2,
                     ttr_ms: 10,
                     priority,
@@ -69,7 +78,35 @@ fn command() -> impl Strategy<Value = Command> {
             queue: queue(b),
             target: Target::Id(id),
         }),
-        1 => (any::<bool>(), id).prop_map(|(b, id)| Command::KickJob { queue: queue(b), id }),
+        1 => (any::<bool>(), id.clone()).prop_map(|(b, id)| Command::KickJob { queue: queue(b), id }),
+        1 => (any::<bool>(), id.clone(), prop::option::of(0u32..3), any::<bool>()).prop_map(
+            |(b, id, priority, now)| Command::Update {
+                queue: queue(b),
+                target: Target::Id(id),
+                due: now.then_some(Due::After(0)),
+                body: None,
+                priority,
+            }
+        ),
+        1 => (any::<bool>(), id.clone())
+            .prop_map(|(b, id)| Command::Bury { queue: queue(b), id, lease: None }),
+        1 => (any::<bool>(), id.clone()).prop_map(|(b, id)| Command::Touch {
+            queue: queue(b),
+            id,
+            lease: None,
+            ttr_ms: None,
+        }),
+        1 => (any::<bool>(), id, any::<u64>()).prop_map(|(b, id, seed)| Command::ReserveJob {
+            queue: queue(b),
+            id,
+            ttr_ms: None,
+            lease_seed: seed,
+        }),
+        1 => (any::<bool>(), 1u32..4).prop_map(|(b, limit)| Command::Kick { queue: queue(b), limit }),
+        1 => (any::<bool>(), 1u32..4)
+            .prop_map(|(b, limit)| Command::Respawn { queue: queue(b), limit, ttl_ms: None }),
+        1 => (any::<bool>(), any::<bool>())
+            .prop_map(|(b, all)| Command::Destroy { queue: queue(b), all }),
         1 => (any::<bool>(), any::<bool>())
             .prop_map(|(b, paused)| Command::SetPaused { queue: queue(b), paused }),
         1 => (1u32..5).prop_map(|limit| Command::Tick { limit }),
