@@ -24,6 +24,7 @@ mod compare;
 mod conn;
 mod disque;
 mod lmstfy;
+mod procstat;
 mod progress;
 mod report;
 mod stats;

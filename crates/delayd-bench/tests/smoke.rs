@@ -15,6 +15,21 @@ fn delayd_bin() -> Option<PathBuf> {
     bin.exists().then_some(bin)
 }
 
+/// Runs `cmd` and returns its standard output, failing with both outputs unless it
+/// succeeded.
+fn succeeded(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "{:?} failed: {}\n{stdout}\n{}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
 fn beanstalkd_installed() -> bool {
     Command::new("beanstalkd").arg("-v").output().is_ok_and(|o| o.status.success())
 }
@@ -52,14 +67,7 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     } else {
         eprintln!("redis-server not installed: the lmstfy-redis part of the smoke is skipped");
     }
-    let out = cmd.output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        out.status.success(),
-        "delayd-bench --smoke failed: {}\n{stdout}\n{stderr}",
-        out.status
-    );
+    let stdout = succeeded(&mut cmd)?;
 
     let results: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     let rows = results["rows"].as_array().context("rows")?;
@@ -147,21 +155,15 @@ fn compare_mode_runs_both_builds_in_alternating_pairs() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let json = dir.path().join("compare.json");
     // The same build on both sides: the comparison's shape is what is checked, not its ratios.
-    let out = Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
-        .args(["--smoke", "--workloads", "publish-http", "--pairs", "2", "--bin"])
-        .arg(&delayd)
-        .arg("--compare-bin")
-        .arg(&delayd)
-        .arg("--json")
-        .arg(&json)
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "{}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(
+        Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
+            .args(["--smoke", "--workloads", "publish-http", "--pairs", "2", "--bin"])
+            .arg(&delayd)
+            .arg("--compare-bin")
+            .arg(&delayd)
+            .arg("--json")
+            .arg(&json),
+    )?;
 
     let results: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     // Four runs, labelled by side and pair, in the order A B, then B A.
@@ -191,16 +193,10 @@ fn compare_mode_runs_both_builds_in_alternating_pairs() -> Result<()> {
 /// positive rate.
 #[test]
 fn apply_bench_runs_every_workload_and_checks_the_stored_counts() -> Result<()> {
-    let out = Command::new(env!("CARGO_BIN_EXE_delayd-apply-bench"))
-        .args(["--jobs", "1500", "--batch", "7", "--body", "10"])
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "{}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(
+        Command::new(env!("CARGO_BIN_EXE_delayd-apply-bench"))
+            .args(["--jobs", "1500", "--batch", "7", "--body", "10"]),
+    )?;
     for workload in
         ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick", "tick-riders"]
     {

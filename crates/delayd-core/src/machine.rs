@@ -197,7 +197,7 @@ type UrgentHead<'q> = (Vec<u8>, &'q QueueName, Vec<u8>, JobId, Vec<u8>);
 /// A queue's ready index from its floor on, as far as one scan read it during an entry: the
 /// entry's later reserves of the queue take their heads from here instead of each opening a
 /// scan of its own (a RocksDB iterator, its seek and its drop), which was a sixth of applying
-/// a consumer's reserve.
+/// a consumer's ack and reserve.
 ///
 /// It holds exactly the index keys of the queue in `[floor, next)`, as the overlay shows
 /// them: every write to the ready index goes through [`Tx::index_keeping_seq`] or
@@ -207,10 +207,9 @@ struct ReadyAhead {
     queue: QueueName,
     /// The keys (and ids) from the head of the line on, in order.
     keys: VecDeque<(Vec<u8>, JobId)>,
-    /// The first index key after them, or the end of the queue's range if the scan got there.
+    /// The first index key after them, or the end of the queue's range if the scan got there
+    /// (no index key equals that end: scans stop before it).
     next: Vec<u8>,
-    /// Whether the scan reached the end of the queue's range.
-    exhausted: bool,
 }
 
 /// One entry's application: the overlay, the clock and the effects being collected.
@@ -1189,7 +1188,11 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         if let Some(ahead) = self.ahead.iter().find(|a| &a.queue == queue) {
             let next = match ahead.keys.get(want) {
                 Some((key, _)) => Some(key.clone()),
-                None if ahead.keys.len() == want || ahead.exhausted => Some(ahead.next.clone()),
+                None if ahead.keys.len() == want => Some(ahead.next.clone()),
+                // Fewer than wanted: all there is, if the scan reached the queue's end.
+                None if ahead.next == keys::prefix_end(&keys::queue(queue)) => {
+                    Some(ahead.next.clone())
+                }
                 None => None,
             };
             if let Some(next) = next {
@@ -1222,8 +1225,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             }
             true
         })?;
-        let exhausted = next.is_none();
-        let ahead = ReadyAhead { queue: queue.clone(), keys, next: next.unwrap_or(end), exhausted };
+        let ahead = ReadyAhead { queue: queue.clone(), keys, next: next.unwrap_or(end) };
         let head = ahead.keys.iter().take(want).cloned().collect();
         let next = ahead.keys.get(want).map_or_else(|| ahead.next.clone(), |(k, _)| k.clone());
         self.ahead.push(ahead);

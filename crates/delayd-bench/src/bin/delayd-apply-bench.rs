@@ -37,6 +37,9 @@ use delayd_store::{LogEntry, StateMachineStore, Store, TypeConfig};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftStateMachine};
 
+#[path = "../procstat.rs"]
+mod procstat;
+
 /// The allocator the delayd binary runs with, so that allocation costs what it costs a node.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -154,30 +157,47 @@ impl Bench {
     /// reserve). Ends with the last round's acks. The backlog is published first, unmeasured.
     async fn drain(&mut self, jobs: u64, batch: u64, per: u32) -> Result<Measured> {
         self.publish_all(jobs, batch, Due::After(0), true).await?;
-        let measured = Measured::start()?;
+        let started = Started::now()?;
         let requests_per_entry = (batch / (u64::from(per) + 1)).max(1);
         let mut held: Vec<Vec<JobId>> = vec![Vec::new(); requests_per_entry as usize];
-        let mut taken = 0u64;
+        let mut left = jobs;
         let mut seed = 0u64;
-        while taken < jobs {
+        while left > 0 {
             let mut commands = Vec::new();
-            for consumer in held.iter_mut() {
-                commands.extend(consumer.drain(..).map(|id| self.ack(id)));
-                let want = u64::from(per).min(jobs - taken);
-                if want == 0 {
-                    continue;
-                }
-                seed += 1;
-                commands.push(self.reserve(want as u32, seed));
-                consumer.extend(self.ready.drain(..want as usize));
-                taken += want;
-            }
+            self.requests(&mut held, per, &mut left, &mut seed, &mut commands);
             self.apply(commands).await?;
         }
+        self.settle(held, started).await
+    }
+
+    /// Each consumer's next request: the acks of the jobs it holds, then a reserve of up to
+    /// `per` of the ready jobs, at most `left` in all; what it takes is what it holds next.
+    fn requests(
+        &mut self,
+        held: &mut [Vec<JobId>],
+        per: u32,
+        left: &mut u64,
+        seed: &mut u64,
+        commands: &mut Vec<Command>,
+    ) {
+        for consumer in held.iter_mut() {
+            commands.extend(consumer.drain(..).map(|id| self.ack(id)));
+            let take = u64::from(per).min(*left).min(self.ready.len() as u64);
+            if take > 0 {
+                *seed += 1;
+                commands.push(self.reserve(take as u32, *seed));
+                consumer.extend(self.ready.drain(..take as usize));
+                *left -= take;
+            }
+        }
+    }
+
+    /// Acks what the consumers still hold, ends the measured phase, and checks that every
+    /// job taken was acked and the jobs left ready are the ones this bench counts.
+    async fn settle(&mut self, held: Vec<Vec<JobId>>, started: Started) -> Result<Measured> {
         let acks: Vec<Command> = held.iter().flatten().map(|&id| self.ack(id)).collect();
         self.apply(acks).await?;
-        let measured = measured.stop()?;
-        // Every job taken was acked, and exactly the backlog's worth left the line.
+        let measured = started.stop()?;
         self.expect(JobState::Reserved, 0)?;
         self.expect(JobState::Ready, self.ready.len() as u64)?;
         Ok(measured)
@@ -189,12 +209,12 @@ impl Bench {
         let due = self.now_ms + 1_000;
         self.publish_all(jobs, batch, Due::At(due), false).await?;
         self.now_ms = due + 1;
-        let measured = Measured::start()?;
         let delayed_before = self.count(JobState::Delayed)?;
+        let started = Started::now()?;
         for _ in 0..jobs.div_ceil(1_000) {
             self.apply(vec![Command::Tick { limit: 1_000 }]).await?;
         }
-        let measured = measured.stop()?;
+        let measured = started.stop()?;
         // Every job of the instant fired (the ones due in an hour stay).
         self.expect(JobState::Delayed, delayed_before.saturating_sub(jobs))?;
         self.ready.extend((self.next_id + 1 - u128::from(jobs)..=self.next_id).map(JobId));
@@ -214,73 +234,57 @@ impl Bench {
         let first = self.next_id + 1 - u128::from(jobs);
         let mut fired = 0u64;
         let mut seed = 0u64;
-        let measured = Measured::start()?;
+        // The riders take whatever is ready: the count is bounded by the ticks.
+        let mut unbounded = u64::MAX;
+        let started = Started::now()?;
         while fired < jobs {
             let n = RIDDEN_TICK.min(jobs - fired);
             self.ready.extend((0..n).map(|i| JobId(first + u128::from(fired + i))));
             fired += n;
             let mut commands = vec![Command::Tick { limit: n as u32 }];
-            for consumer in held.iter_mut() {
-                commands.extend(consumer.drain(..).map(|id| self.ack(id)));
-                let take = self.ready.len().min(10);
-                if take > 0 {
-                    seed += 1;
-                    commands.push(self.reserve(take as u32, seed));
-                    consumer.extend(self.ready.drain(..take));
-                }
-            }
+            self.requests(&mut held, 10, &mut unbounded, &mut seed, &mut commands);
             self.apply(commands).await?;
         }
-        let acks: Vec<Command> = held.iter().flatten().map(|&id| self.ack(id)).collect();
-        self.apply(acks).await?;
-        let measured = measured.stop()?;
-        self.expect(JobState::Reserved, 0)?;
-        self.expect(JobState::Ready, self.ready.len() as u64)?;
-        Ok(measured)
+        self.settle(held, started).await
     }
 
     /// Publishes `jobs` jobs due after `delay_ms`, measured.
     async fn publish_measured(&mut self, jobs: u64, batch: u64, delay_ms: u64) -> Result<Measured> {
-        let measured = Measured::start()?;
+        let started = Started::now()?;
         self.publish_all(jobs, batch, Due::After(delay_ms), delay_ms == 0).await?;
-        let measured = measured.stop()?;
+        let measured = started.stop()?;
         self.expect(JobState::Ready, self.ready.len() as u64)?;
         Ok(measured)
     }
 }
 
+/// When a measured phase began: the clock, and the CPU the process had used by then.
+struct Started {
+    at: Instant,
+    cpu: Duration,
+}
+
+impl Started {
+    fn now() -> Result<Started> {
+        Ok(Started { at: Instant::now(), cpu: process_cpu()? })
+    }
+
+    /// The phase's wall time and the process's CPU time over it.
+    fn stop(self) -> Result<Measured> {
+        Ok(Measured { wall: self.at.elapsed(), cpu: process_cpu()?.saturating_sub(self.cpu) })
+    }
+}
+
 /// Wall time and process CPU time of a measured phase.
-#[derive(Clone, Copy)]
 struct Measured {
     wall: Duration,
     cpu: Duration,
-    /// Set while running: when the phase started, and the CPU used by then.
-    start: Option<Instant>,
-}
-
-impl Measured {
-    fn start() -> Result<Measured> {
-        Ok(Measured { wall: Duration::ZERO, cpu: process_cpu()?, start: Some(Instant::now()) })
-    }
-
-    fn stop(self) -> Result<Measured> {
-        let wall = self.start.map_or(Duration::ZERO, |s| s.elapsed());
-        Ok(Measured { wall, cpu: process_cpu()?.saturating_sub(self.cpu), start: None })
-    }
 }
 
 /// The CPU time this process has used, every thread included (from `/proc/self/stat`).
 fn process_cpu() -> Result<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").context("read /proc/self/stat")?;
-    // The fields after the command name, which is in parentheses and may contain spaces.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("parse /proc/self/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<u64> {
-        fields.get(i).context("short /proc/self/stat")?.parse().context("parse CPU ticks")
-    };
-    // utime and stime are fields 14 and 15 of the whole line; 11 and 12 after the name.
-    // Linux reports them in USER_HZ, which is 100 on every platform it supports.
-    Ok(Duration::from_millis((ticks(11)? + ticks(12)?) * 10))
+    let ticks = procstat::cpu_ticks("self").context("read /proc/self/stat")?;
+    Ok(Duration::from_secs_f64(ticks as f64 / procstat::clock_ticks_per_s()))
 }
 
 #[tokio::main(flavor = "current_thread")]
