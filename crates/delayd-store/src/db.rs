@@ -36,8 +36,6 @@ pub(crate) mod meta_key {
     /// `String`: the identity of the cluster this node belongs to, when it has one (a cluster
     /// made by a restore or a recovery; see `identity.rs`).
     pub(crate) const CLUSTER_ID: &[u8] = b"cluster_id";
-    /// Empty: the log syncer's synced write, which makes every earlier WAL write durable.
-    pub(crate) const WAL_SYNC: &[u8] = b"wal_sync";
 }
 
 /// Every key the store itself keeps in the state machine's [`Cf::Meta`] starts with this; the

@@ -27,14 +27,15 @@
 //!
 //! ## Durability rules
 //!
-//! - `save_vote`, `append`, `truncate` and `purge` are synced writes: they return (and
-//!   `append` reports `log_io_completed`) only once RocksDB's WAL is fsynced. Openraft counts
-//!   an appended entry towards a quorum on the strength of that report.
+//! - `save_vote`, `truncate` and `purge` are synced writes, and `append` is made durable by
+//!   the log's syncer thread (one `SyncWAL` for every append written meanwhile): they return
+//!   (and `append` reports `log_io_completed`) only once RocksDB's WAL is fsynced. Openraft
+//!   counts an appended entry towards a quorum on the strength of that report.
 //! - `save_committed` and `apply` are not synced. Both are recoverable: a lost commit index is
 //!   learned again, and `apply` writes the state changes *and* `raft/last_applied` in one
 //!   atomic batch, so a crash loses both together and openraft re-applies from the (synced)
-//!   log. Because all column families share one sequential WAL, any later synced write (the
-//!   next append) also makes every earlier apply durable; in particular `purge`, which is
+//!   log. Because all column families share one sequential WAL, any later sync (the next
+//!   append's) also makes every earlier apply durable; in particular `purge`, which is
 //!   synced, never lets the log lose entries that the state machine has not durably applied.
 //! - Snapshot files are written to a temporary name, fsynced, renamed and the directory
 //!   fsynced; only then does the synced pointer in `raft_meta` name them. The current

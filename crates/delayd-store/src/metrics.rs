@@ -16,9 +16,9 @@ use prometheus::{Histogram, HistogramOpts, IntGauge, Opts, Registry};
 pub struct StoreMetrics {
     /// From an `append` call to its durable callback: the write plus the wait for the syncer.
     pub(crate) log_append_seconds: Histogram,
-    /// One synced WAL write of the syncer (one group commit).
+    /// One WAL sync of the syncer (one group commit).
     pub(crate) log_fsync_seconds: Histogram,
-    /// Appends (openraft `append` calls) completed by one synced write.
+    /// Appends (openraft `append` calls) completed by one WAL sync.
     pub(crate) log_fsync_batch_entries: Histogram,
     /// Building a snapshot file from a consistent view.
     pub(crate) snapshot_build_seconds: Histogram,
@@ -64,12 +64,12 @@ impl Default for StoreMetrics {
             ),
             log_fsync_seconds: histogram(
                 "delayd_log_fsync_seconds",
-                "Synced WAL writes of the log syncer (one per group commit).",
+                "WAL syncs of the log syncer (one per group commit).",
                 IO_SECONDS,
             ),
             log_fsync_batch_entries: histogram(
                 "delayd_log_fsync_batch_entries",
-                "Log appends made durable by one synced WAL write.",
+                "Log appends made durable by one WAL sync.",
                 BATCH,
             ),
             snapshot_build_seconds: histogram(
