@@ -117,6 +117,8 @@ impl Syncer {
 /// until the fsync ends. `SyncWAL` only marks the files it syncs under a short lock, so writes
 /// go on while the disk works; those that finished before it started are covered, which is
 /// all the syncer promises (a callback is queued only after its append's write returned).
+/// `flush_wal(true)` is `SyncWAL` here because the WAL is not in manual-flush mode: every
+/// write has handed its record to the OS before it returns, so there is no buffer to flush.
 fn sync_wal(db: &Db) -> Result<(), StoreError> {
     Ok(db.flush_wal(true)?)
 }
