@@ -169,6 +169,20 @@ impl Server {
             .context("spawn delayd")
     }
 
+    /// The leader this node reports on `/health`, if it knows one (and answers within 500 ms).
+    pub async fn reported_leader(&self) -> Option<u64> {
+        let http = self.client_builder().timeout(Duration::from_millis(500)).build().ok()?;
+        let api = Api { http, base: self.url.clone() };
+        let Ok((200, h)) = api.get("/health").await else { return None };
+        h["leader"].as_u64()
+    }
+
+    /// Waits until this node knows a leader, and returns its id. A node is ready (answers
+    /// `/health`) before it has one; a write or a backup meanwhile gets 503.
+    pub async fn wait_leader(&self, within: Duration) -> Result<u64> {
+        eventually(within, || async { Ok(self.reported_leader().await) }).await
+    }
+
     /// An HTTP client builder that trusts this node's CA, if it serves TLS.
     pub fn client_builder(&self) -> reqwest::ClientBuilder {
         let builder = reqwest::Client::builder();
@@ -419,11 +433,7 @@ impl Cluster {
         eventually(within, || async {
             let mut seen = None;
             for &i in among {
-                let node = &self.nodes[i];
-                let http = node.client_builder().timeout(Duration::from_millis(500)).build()?;
-                let api = Api { http, base: node.url.clone() };
-                let Ok((200, h)) = api.get("/health").await else { return Ok(None) };
-                let Some(l) = h["leader"].as_u64() else { return Ok(None) };
+                let Some(l) = self.nodes[i].reported_leader().await else { return Ok(None) };
                 if seen.is_some_and(|s| s != l) {
                     return Ok(None);
                 }

@@ -330,6 +330,7 @@ async fn damaged_files_and_used_directories_are_refused() -> Result<()> {
         vec!["--admin-token".into(), TOKEN.into()],
     )
     .await?;
+    server.wait_leader(Duration::from_secs(10)).await?;
     // A backup is admin-only.
     let (st, _) = Api::new(&server).get("/admin/snapshot").await?;
     ensure!(st == 401, "an anonymous backup got {st}");
