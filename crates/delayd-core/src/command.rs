@@ -4,6 +4,7 @@
 //! leader and carried inside the command, so every replica computes the same state.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,8 +17,18 @@ pub struct Entry {
     /// The leader's wall clock when it proposed the entry (unix ms). The state machine uses
     /// `max(now_ms, clock)`, so replicated time never runs backwards.
     pub now_ms: u64,
-    /// The commands, applied in order; each gets its own reply.
-    pub commands: Vec<Command>,
+    /// The commands, applied in order; each gets its own reply. Shared rather than owned:
+    /// the log keeps recent entries in memory for replication and apply to read
+    /// (`delayd-store`), and handing one out must not copy every job body it carries. On
+    /// the wire and on disk it is the same sequence as a `Vec` (serde's `rc` feature).
+    pub commands: Arc<[Command]>,
+}
+
+impl Entry {
+    /// An entry of `commands` stamped `now_ms`.
+    pub fn new(now_ms: u64, commands: Vec<Command>) -> Entry {
+        Entry { now_ms, commands: commands.into() }
+    }
 }
 
 impl std::fmt::Display for Entry {

@@ -1334,7 +1334,7 @@ pub(crate) mod testing {
     pub(crate) fn run(kv: &mut MemKv, now_ms: u64, commands: Vec<Command>) -> Effects {
         let mut effects = Effects::default();
         let mut overlay = Overlay::new(&*kv);
-        apply(&mut overlay, &Entry { now_ms, commands }, &mut effects).unwrap();
+        apply(&mut overlay, &Entry::new(now_ms, commands), &mut effects).unwrap();
         let writes: Vec<_> = overlay.into_writes().collect();
         kv.apply(writes);
         effects
@@ -1382,7 +1382,7 @@ mod tests {
         let mut replies_apart = Vec::new();
         for c in &commands {
             let mut overlay = Overlay::new(&apart);
-            let entry = Entry { now_ms: 2000, commands: vec![c.clone()] };
+            let entry = Entry::new(2000, vec![c.clone()]);
             replies_apart
                 .extend(apply(&mut overlay, &entry, &mut Effects::default()).expect("apply"));
             let writes: Vec<_> = overlay.into_writes().collect();
@@ -1390,7 +1390,7 @@ mod tests {
         }
         let mut together = kv.clone();
         let mut overlay = Overlay::new(&together);
-        let entry = Entry { now_ms: 2000, commands };
+        let entry = Entry::new(2000, commands);
         let replies = apply(&mut overlay, &entry, &mut Effects::default()).expect("apply");
         let writes: Vec<_> = overlay.into_writes().collect();
         together.apply(writes);
@@ -1514,11 +1514,10 @@ mod bounded_work {
     fn one(kv: &mut MemKv, now: u64, command: Command) -> Outcome {
         let mut effects = Effects::default();
         let mut overlay = Overlay::new(&*kv);
-        let out =
-            apply(&mut overlay, &Entry { now_ms: now, commands: vec![command] }, &mut effects)
-                .unwrap()
-                .pop()
-                .unwrap();
+        let out = apply(&mut overlay, &Entry::new(now, vec![command]), &mut effects)
+            .unwrap()
+            .pop()
+            .unwrap();
         let writes: Vec<_> = overlay.into_writes().collect();
         kv.apply(writes);
         out

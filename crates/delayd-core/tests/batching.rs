@@ -123,7 +123,7 @@ fn run(entries: &[(u64, Vec<Command>)]) -> (Vec<Outcome>, Stored) {
     let mut outcomes = Vec::new();
     for (now_ms, commands) in entries {
         let mut overlay = Overlay::new(&kv);
-        let entry = Entry { now_ms: *now_ms, commands: commands.clone() };
+        let entry = Entry::new(*now_ms, commands.clone());
         outcomes.extend(apply(&mut overlay, &entry, &mut Effects::default()).unwrap());
         let writes: Vec<_> = overlay.into_writes().collect();
         kv.apply(writes);

@@ -155,7 +155,7 @@ proptest! {
             }
             let mut overlay = Overlay::new(&kv);
             let mut effects = Effects::default();
-            let outcomes = apply(&mut overlay, &Entry { now_ms, commands: commands.clone() }, &mut effects);
+            let outcomes = apply(&mut overlay, &Entry::new(now_ms, commands.clone()), &mut effects);
             prop_assert!(outcomes.is_ok(), "{outcomes:?}");
             let writes: Vec<_> = overlay.into_writes().collect();
             kv.apply(writes);

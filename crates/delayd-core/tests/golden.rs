@@ -580,7 +580,7 @@ impl Runner for Machine {
             name => return Err(format!("unknown command {name}").into()),
         };
         args.reject_rest()?;
-        let entry = Entry { now_ms: self.now, commands: vec![command] };
+        let entry = Entry::new(self.now, vec![command]);
         let mut effects = Effects::default();
         let mut overlay = Overlay::new(&self.kv);
         let outcomes = apply(&mut overlay, &entry, &mut effects)?;
@@ -628,7 +628,7 @@ fn clock_never_moves_backwards() -> Result<(), Box<dyn Error>> {
     let mut kv = MemKv::default();
     for now in [100, 50, 120] {
         let mut o = Overlay::new(&kv);
-        apply(&mut o, &Entry { now_ms: now, commands: vec![] }, &mut Effects::default())?;
+        apply(&mut o, &Entry::new(now, vec![]), &mut Effects::default())?;
         let w: Vec<_> = o.into_writes().collect();
         kv.apply(w);
     }

@@ -186,7 +186,7 @@ mod tests {
             entries: (prev + 1..=prev + entries)
                 .map(|i| openraft::Entry {
                     log_id: log_id(term, i),
-                    payload: EntryPayload::Normal(Entry { now_ms: 0, commands: Vec::new() }),
+                    payload: EntryPayload::Normal(Entry::new(0, Vec::new())),
                 })
                 .collect(),
         }

@@ -149,7 +149,7 @@ async fn three_voters() -> Result<(Vec<TestNode>, usize)> {
 async fn write(raft: &Raft, now_ms: u64) -> Result<u64> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        match raft.client_write(delayd_core::Entry { now_ms, commands: vec![] }).await {
+        match raft.client_write(delayd_core::Entry::new(now_ms, vec![])).await {
             Ok(resp) => return Ok(resp.log_id.index),
             Err(e)
                 if e.forward_to_leader().is_some_and(|f| f.leader_id.is_none())
@@ -179,7 +179,7 @@ async fn three_nodes_replicate_and_a_learner_gets_a_snapshot() -> Result {
     let follower = (leader + 1) % nodes.len();
     let err = nodes[follower]
         .raft
-        .client_write(delayd_core::Entry { now_ms: 11, commands: vec![] })
+        .client_write(delayd_core::Entry::new(11, vec![]))
         .await
         .expect_err("a follower does not accept writes");
     let to_leader = err.forward_to_leader().ok_or("expected ForwardToLeader")?;

@@ -52,8 +52,13 @@
 //! concurrently with both. A snapshot build reads data, last applied and membership from one
 //! RocksDB snapshot, so it is consistent whatever apply does meanwhile; it waits for a running
 //! install to finish before taking that snapshot. Every RocksDB and file operation runs on
-//! tokio's blocking pool, except applying a batch of at most 64 commands, which takes less
-//! than the hop to the pool and back and runs on the state machine's task.
+//! tokio's blocking pool, except those that take less than the hop to the pool and back and
+//! run on the calling task: applying a batch of at most 64 commands, the log's unsynced
+//! appends, its reads and `save_committed`.
+//!
+//! The log's reads are mostly of the entries just appended (a leader reads each back once per
+//! follower and once to apply it); the last ones stay decoded in memory for them, see
+//! `recent.rs`. That window is the log's tail and changes only with the log's own writes.
 //!
 //! ## Start-up
 //!
@@ -81,6 +86,7 @@ mod error;
 mod identity;
 mod log;
 mod metrics;
+mod recent;
 mod snapshot;
 mod state;
 

@@ -2,7 +2,7 @@
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use delayd_core::codec;
@@ -13,17 +13,23 @@ use rocksdb::{ReadOptions, WriteBatch};
 use crate::db::{self, log_key, meta_key, Db, CF_LOG, CF_RAFT_META};
 use crate::error::StoreError;
 use crate::metrics::{since, StoreMetrics};
+use crate::recent::Recent;
 use crate::{blocking, LogEntry, LogId, TypeConfig, Vote};
 
 /// The Raft log, vote and commit index, in the `raft_log` and `raft_meta` column families.
 ///
-/// Cloning is cheap (two `Arc`s); the clone handed out by `get_log_reader` reads the same
-/// database. Every write openraft relies on after a crash is synced before openraft is told
-/// it is durable: votes, truncations and purges synchronously, appends by the [`Syncer`].
+/// Cloning is cheap (a few `Arc`s); the clone handed out by `get_log_reader` reads the same
+/// database and the same window of recent entries ([`Recent`]). Every write openraft relies
+/// on after a crash is synced before openraft is told it is durable: votes, truncations and
+/// purges synchronously, appends by the [`Syncer`].
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Db>,
     syncer: Arc<SyncerHandle>,
+    /// The last entries appended, decoded. Changed only by this store's own writes: an
+    /// append after its RocksDB write succeeded, a truncation or purge before its write (a
+    /// reader must never be handed an entry the log may no longer hold).
+    recent: Arc<Mutex<Recent>>,
     metrics: StoreMetrics,
 }
 
@@ -47,7 +53,7 @@ impl LogStore {
                 .map_err(|e| StoreError::Task(format!("cannot start the WAL syncer: {e}")))?
         };
         let syncer = Arc::new(SyncerHandle { syncer, thread: Some(thread) });
-        Ok(LogStore { db, syncer, metrics })
+        Ok(LogStore { db, syncer, recent: Arc::default(), metrics })
     }
 }
 
@@ -241,8 +247,13 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(&i) => Some(i),
             Bound::Unbounded => None,
         };
-        // Inline: replication reads the entries just appended, from the memtable, in
-        // microseconds; a hop to the blocking pool would cost more than the read.
+        if let Some(end) = end {
+            if let Some(entries) = self.recent().get(start, end) {
+                return Ok(entries);
+            }
+        }
+        // Inline: what misses the window is mostly just behind it, in the memtable, and read
+        // in microseconds; a hop to the blocking pool would cost more than the read.
         read_entries(&self.db, start, end).map_err(std::io::Error::from)
     }
 
@@ -313,6 +324,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Inline: an unsynced write goes to the memtable and the WAL's page cache in
         // microseconds (the fsync is the syncer's); a hop to the blocking pool would cost more.
         append_entries(&self.db, &entries).map_err(std::io::Error::from)?;
+        // Readable from the window at once, like from RocksDB: replication sends entries
+        // before they are durable, and only a quorum's durability commits them.
+        self.recent().appended(entries);
         // Written but not yet synced: the syncer completes the callback once it is on disk,
         // and only then may openraft count it towards a quorum.
         self.syncer.syncer.submit(appended, callback);
@@ -323,12 +337,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), std::io::Error> {
         let db = self.db.clone();
         let from = last_log_id.map_or(0, |l| l.index.saturating_add(1));
+        self.recent().truncated_from(from);
         blocking(move || truncate_from(&db, from)).await.map_err(std::io::Error::from)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), std::io::Error> {
         let db = self.db.clone();
+        self.recent().purged_upto(log_id.index);
         blocking(move || purge_upto(&db, log_id)).await.map_err(std::io::Error::from)
+    }
+}
+
+impl LogStore {
+    fn recent(&self) -> MutexGuard<'_, Recent> {
+        // The window is rebuilt by appends; a panic elsewhere leaves it contiguous or empty.
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -874,7 +874,8 @@ mod tests {
                             ttr_ms: 1000,
                             priority: 0,
                         },
-                    }],
+                    }]
+                    .into(),
                 }),
             })
             .collect();

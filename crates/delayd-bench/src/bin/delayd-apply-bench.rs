@@ -90,7 +90,7 @@ impl Bench {
         self.index += 1;
         let entry = LogEntry::new_normal(
             openraft::testing::log_id::<TypeConfig>(1, 1, self.index),
-            Entry { now_ms: self.now_ms, commands },
+            Entry::new(self.now_ms, commands),
         );
         let items: Vec<Result<EntryResponder<TypeConfig>, io::Error>> = vec![Ok((entry, None))];
         RaftStateMachine::apply(&mut self.sm, futures::stream::iter(items)).await?;
