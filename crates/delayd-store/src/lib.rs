@@ -89,6 +89,8 @@ mod metrics;
 mod recent;
 mod snapshot;
 mod state;
+#[cfg(test)]
+mod test_entries;
 
 use std::path::Path;
 use std::sync::Arc;

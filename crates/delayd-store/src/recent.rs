@@ -113,29 +113,14 @@ impl Recent {
 
 #[cfg(test)]
 mod tests {
-    use delayd_core::{Due, Entry, JobId, NewJob, QueueName};
     use openraft::testing::log_id;
 
     use super::*;
+    use crate::test_entries::publish_entry;
     use crate::TypeConfig;
 
     fn entry(term: u64, index: u64, body: usize) -> LogEntry {
-        let job = NewJob {
-            id: JobId(u128::from(index)),
-            key: None,
-            body: vec![1; body],
-            attributes: Default::default(),
-            due: Due::After(0),
-            ttl_ms: None,
-            tries: 1,
-            ttr_ms: 1000,
-            priority: 0,
-        };
-        let command = Command::Publish { queue: QueueName::new("ns", "q"), job };
-        openraft::Entry {
-            log_id: log_id::<TypeConfig>(term, 1, index),
-            payload: EntryPayload::Normal(Entry::new(index, vec![command])),
-        }
+        publish_entry(term, index, vec![1; body])
     }
 
     fn indexes(entries: Option<Vec<LogEntry>>) -> Option<Vec<u64>> {
@@ -162,7 +147,7 @@ mod tests {
         assert_eq!(r.get(5, 6), None);
         // A new leader's entries replace the truncated ones.
         r.appended(vec![entry(2, 5, 10)]);
-        assert_eq!(r.get(5, 6).map(|es| es[0].log_id), Some(log_id::<TypeConfig>(2, 1, 5)));
+        assert_eq!(r.get(5, 6).map(|es| es[0].log_id), Some(log_id::<TypeConfig>(2, 0, 5)));
         r.purged_upto(2);
         assert_eq!(r.get(2, 4), None);
         assert_eq!(indexes(r.get(3, 6)), Some(vec![3, 4, 5]));

@@ -851,34 +851,13 @@ mod tests {
     /// and the result is the same as applying them one by one: every job, the last id.
     #[tokio::test]
     async fn a_long_apply_is_written_in_bounded_parts() {
-        use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName};
+        use delayd_core::{JobId, QueueName};
         let dir = tempfile::tempdir().expect("dir");
         let (_log, sm) = open(dir.path());
         let body = vec![7u8; 4 << 20];
         let n = (APPLY_FLUSH_BYTES / body.len()) as u64 * 2 + 3;
-        let entries: Vec<LogEntry> = (1..=n)
-            .map(|i| openraft::Entry {
-                log_id: log_id::<TypeConfig>(1, 0, i),
-                payload: EntryPayload::Normal(Entry {
-                    now_ms: 1000,
-                    commands: vec![Command::Publish {
-                        queue: QueueName::new("ns", "q"),
-                        job: NewJob {
-                            id: JobId(u128::from(i)),
-                            key: None,
-                            body: body.clone(),
-                            attributes: Default::default(),
-                            due: Due::After(0),
-                            ttl_ms: None,
-                            tries: 1,
-                            ttr_ms: 1000,
-                            priority: 0,
-                        },
-                    }]
-                    .into(),
-                }),
-            })
-            .collect();
+        let entries: Vec<LogEntry> =
+            (1..=n).map(|i| crate::test_entries::publish_entry(1, i, body.clone())).collect();
         let (replies, _) = sm.shared.apply(&entries).expect("apply");
         assert_eq!(replies.len() as u64, n);
         let view = sm.read_view().expect("view");

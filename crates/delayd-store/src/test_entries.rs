@@ -1,0 +1,28 @@
+//! Log entries for the crate's unit tests.
+
+use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName};
+use openraft::testing::log_id;
+use openraft::EntryPayload;
+
+use crate::{LogEntry, TypeConfig};
+
+/// Entry `index` of `term` (node 0), stamped at 1,000 ms, publishing job `index` with `body`
+/// to the ready queue `ns/q`.
+pub(crate) fn publish_entry(term: u64, index: u64, body: Vec<u8>) -> LogEntry {
+    let job = NewJob {
+        id: JobId(u128::from(index)),
+        key: None,
+        body,
+        attributes: Default::default(),
+        due: Due::After(0),
+        ttl_ms: None,
+        tries: 1,
+        ttr_ms: 1000,
+        priority: 0,
+    };
+    let command = Command::Publish { queue: QueueName::new("ns", "q"), job };
+    openraft::Entry {
+        log_id: log_id::<TypeConfig>(term, 0, index),
+        payload: EntryPayload::Normal(Entry::new(1000, vec![command])),
+    }
+}
