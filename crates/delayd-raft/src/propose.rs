@@ -29,6 +29,7 @@
 use delayd_core::{Command, Entry, Outcome};
 use delayd_store::Raft;
 use openraft::async_runtime::watch::WatchReceiver;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,6 +42,9 @@ use crate::error::ClusterError;
 struct Pending {
     commands: Vec<Command>,
     bytes: usize,
+    /// How many entries had been answered when the request was queued: it tells a request
+    /// that waited through the last entry from one sent after that entry's answers.
+    answered: u64,
     reply: oneshot::Sender<Result<Vec<Outcome>, ClusterError>>,
 }
 
@@ -71,6 +75,8 @@ pub struct Proposer {
     timeout: Duration,
     /// One permit per byte of request queued or in flight.
     pending_bytes: Arc<Semaphore>,
+    /// Entries answered so far (each counted before its requests are answered).
+    answered: Arc<AtomicU64>,
 }
 
 impl Proposer {
@@ -89,7 +95,8 @@ impl Proposer {
             ..config
         };
         let (tx, rx) = mpsc::channel(config.max_batch * 4);
-        let task = tokio::spawn(run(raft, clock, rx, config, shutdown));
+        let answered = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(run(raft, clock, rx, config, answered.clone(), shutdown));
         let pending_bytes = Arc::new(Semaphore::new(config.max_entry_bytes * PENDING_ENTRIES));
         let proposer = Proposer {
             tx,
@@ -97,6 +104,7 @@ impl Proposer {
             max_entry_bytes: config.max_entry_bytes,
             timeout: config.timeout,
             pending_bytes,
+            answered,
         };
         (proposer, task)
     }
@@ -123,8 +131,9 @@ impl Proposer {
         };
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let queued =
-            tokio::time::timeout_at(deadline, self.tx.send(Pending { commands, bytes, reply }));
+        let answered = self.answered.load(Ordering::Acquire);
+        let pending = Pending { commands, bytes, answered, reply };
+        let queued = tokio::time::timeout_at(deadline, self.tx.send(pending));
         match queued.await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => return Err(ClusterError::Unavailable("node is shutting down".into())),
@@ -164,8 +173,9 @@ impl Proposer {
 /// What the next entry waits for (up to the linger) before it is proposed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fill {
-    /// This many requests, whatever their commands.
-    Requests(usize),
+    /// This many requests sent since the last entry was answered, besides every request
+    /// that was already waiting.
+    Returned(usize),
     /// This many commands.
     Commands(usize),
 }
@@ -173,32 +183,55 @@ enum Fill {
 /// The next entry's [`Fill`].
 ///
 /// With followers, every entry costs the whole cluster its appends, fsyncs, messages and
-/// wake-ups, and fewer, fuller entries pay: the entry waits for the requests that queued
-/// while the last one was in flight plus as many requests as that entry answered, whose
-/// clients are expected back. At low load (nothing waiting, one request answered) that is
-/// one request, which the first meets, so nothing waits.
+/// wake-ups, and fewer, fuller entries pay: the entry takes the requests that queued while
+/// the last one was in flight and waits for as many new ones as that entry answered, whose
+/// clients are expected back. At low load (one request answered) the first request sent
+/// since meets it, so nothing waits.
 ///
 /// Alone, a node's entry costs one local fsync, and the wait would cost more than it saves
 /// (measured: 0.89× the publishes at 64 clients): it waits only for half as many commands as
 /// its last entry carried.
 fn fill_target(
     replicated: bool,
-    waiting: usize,
     last_requests: usize,
     last_commands: usize,
     max_batch: usize,
 ) -> Fill {
     if replicated {
-        Fill::Requests(waiting.saturating_add(last_requests).max(1))
+        Fill::Returned(last_requests)
     } else {
         Fill::Commands((last_commands / 2).clamp(1, max_batch.max(1)))
     }
 }
 
-fn filled(target: Fill, batch: &[Pending], commands: usize) -> bool {
-    match target {
-        Fill::Requests(n) => batch.len() >= n,
-        Fill::Commands(n) => commands >= n,
+/// An entry being gathered: what it holds so far, measured against its [`Fill`].
+struct Gathered {
+    target: Fill,
+    /// Entries answered when the gathering began: a request queued at that count or later
+    /// was sent after the last entry's answers.
+    answered: u64,
+    /// Requests sent since the last entry was answered.
+    returned: usize,
+    commands: usize,
+}
+
+impl Gathered {
+    fn new(target: Fill, answered: u64) -> Self {
+        Gathered { target, answered, returned: 0, commands: 0 }
+    }
+
+    fn add(&mut self, p: &Pending) {
+        self.returned += usize::from(p.answered >= self.answered);
+        self.commands += p.commands.len();
+    }
+
+    /// Whether the entry may go without waiting for more. Requests that were already
+    /// queued are taken whatever this says; it is asked only once the queue is empty.
+    fn filled(&self) -> bool {
+        match self.target {
+            Fill::Returned(n) => self.returned >= n,
+            Fill::Commands(n) => self.commands >= n,
+        }
     }
 }
 
@@ -211,6 +244,7 @@ async fn run(
     clock: Clock,
     mut rx: mpsc::Receiver<Pending>,
     config: ProposerConfig,
+    answered: Arc<AtomicU64>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let ProposerConfig { max_batch, max_entry_bytes, max_in_flight, linger, timeout } = config;
@@ -231,8 +265,9 @@ async fn run(
             },
             _ = shutdown.wait_for(|s| *s) => return,
         };
-        // Requests (each of a command or more) that queued while the last entry was in flight.
-        let waiting = rx.len() + usize::from(carried.is_some());
+        // Read once the slot is back, i.e. after the last entry's count went up: a request
+        // stamped with this count or later was sent after that entry's answers.
+        let answered_so_far = answered.load(Ordering::Acquire);
         let first = match carried.take() {
             Some(p) => p,
             None => tokio::select! {
@@ -243,9 +278,6 @@ async fn run(
                 _ = shutdown.wait_for(|s| *s) => return,
             },
         };
-        let mut size = first.commands.len();
-        let mut bytes = first.bytes;
-        let mut batch = vec![first];
         // Closed-loop clients answered by the previous entry send their next requests over
         // the following fraction of a millisecond. Proposing at once would take only the
         // requests that queued while it was in flight and leave the answered clients for the
@@ -253,12 +285,17 @@ async fn run(
         // alternate, each half the size it could be. See `fill_target`.
         let replicated =
             metrics.borrow_watched().membership_config.membership().voter_ids().nth(1).is_some();
-        let target = fill_target(replicated, waiting, last_requests, last_size, max_batch);
+        let target = fill_target(replicated, last_requests, last_size, max_batch);
+        let mut gathered = Gathered::new(target, answered_so_far);
+        gathered.add(&first);
+        let mut size = first.commands.len();
+        let mut bytes = first.bytes;
+        let mut batch = vec![first];
         let until = tokio::time::Instant::now() + linger;
         while size < max_batch && bytes < max_entry_bytes {
             let next = match rx.try_recv() {
                 Ok(p) => Some(p),
-                Err(_) if filled(target, &batch, size) || linger.is_zero() => None,
+                Err(_) if gathered.filled() || linger.is_zero() => None,
                 Err(_) => tokio::time::timeout_at(until, rx.recv()).await.ok().flatten(),
             };
             let Some(p) = next else { break };
@@ -266,6 +303,7 @@ async fn run(
                 carried = Some(p);
                 break;
             }
+            gathered.add(&p);
             size += p.commands.len();
             bytes += p.bytes;
             batch.push(p);
@@ -281,9 +319,13 @@ async fn run(
             replies.push(p.reply);
         }
         let entry = Entry::new(clock.now_ms(), commands);
-        let raft = raft.clone();
+        let (raft, answered) = (raft.clone(), answered.clone());
         tokio::spawn(async move {
-            let Ok(written) = tokio::time::timeout(timeout, raft.client_write(entry)).await else {
+            let written = tokio::time::timeout(timeout, raft.client_write(entry)).await;
+            // Counted before any client hears back, so that whatever they send next is known
+            // to come after this entry (see `Gathered`).
+            answered.fetch_add(1, Ordering::Release);
+            let Ok(written) = written else {
                 for reply in replies {
                     let _ = reply.send(Err(not_committed(timeout)));
                 }
@@ -310,25 +352,56 @@ async fn run(
 
 #[cfg(test)]
 mod tests {
-    use super::{fill_target, Fill};
+    use super::*;
+
+    fn pending(answered: u64, commands: usize) -> Pending {
+        let command = Command::Tick { limit: 1 };
+        Pending {
+            commands: vec![command; commands],
+            bytes: 0,
+            answered,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn gather(target: Fill, answered: u64, batch: &[Pending]) -> bool {
+        let mut g = Gathered::new(target, answered);
+        batch.iter().for_each(|p| g.add(p));
+        g.filled()
+    }
 
     #[test]
     fn with_followers_the_next_entry_waits_for_the_answered_clients() {
-        // One client: nothing queued, one request answered; the first request is enough,
-        // however many commands it carried (an ack riding on a reserve).
-        assert_eq!(fill_target(true, 0, 1, 2, 512), Fill::Requests(1));
-        assert_eq!(fill_target(true, 0, 0, 0, 512), Fill::Requests(1));
-        // 64 clients split in two cohorts of 32: the queued cohort waits for the answered
-        // one, and from then on every entry carries all 64.
-        assert_eq!(fill_target(true, 32, 32, 32, 512), Fill::Requests(64));
-        assert_eq!(fill_target(true, 0, 64, 64, 512), Fill::Requests(64));
-        assert_eq!(fill_target(true, usize::MAX, 1, 1, 512), Fill::Requests(usize::MAX));
+        assert_eq!(fill_target(true, 64, 64, 512), Fill::Returned(64));
+        // One client: its next request, sent after the answer, is enough, however many
+        // commands it carries (an ack riding on a reserve).
+        assert!(gather(Fill::Returned(1), 7, &[pending(7, 2)]));
+        // Nothing answered yet (the first entry): the first request goes at once.
+        assert!(gather(fill_target(true, 0, 0, 512), 0, &[pending(0, 1)]));
+    }
+
+    #[test]
+    fn a_request_that_waited_through_the_last_entry_is_not_counted_as_a_returning_one() {
+        // 64 clients in two cohorts: 32 waited through entry 7 (queued when 6 entries were
+        // answered), 32 were answered by it and come back.
+        let waited: Vec<Pending> = (0..32).map(|_| pending(6, 1)).collect();
+        let mut batch = waited;
+        batch.extend((0..31).map(|_| pending(7, 1)));
+        assert!(!gather(Fill::Returned(32), 7, &batch), "one answered client is still to come");
+        batch.push(pending(7, 1));
+        assert!(gather(Fill::Returned(32), 7, &batch));
+        // An answered client whose next request was queued before the proposer looked is
+        // counted once: 32 returning requests meet the target of 32 on their own.
+        let returning: Vec<Pending> = (0..32).map(|_| pending(7, 1)).collect();
+        assert!(gather(Fill::Returned(32), 7, &returning));
     }
 
     #[test]
     fn alone_the_next_entry_waits_for_half_the_last_one() {
-        assert_eq!(fill_target(false, 32, 32, 32, 512), Fill::Commands(16));
-        assert_eq!(fill_target(false, 0, 1, 1, 512), Fill::Commands(1));
-        assert_eq!(fill_target(false, 0, 2, 2000, 512), Fill::Commands(512));
+        assert_eq!(fill_target(false, 32, 32, 512), Fill::Commands(16));
+        assert_eq!(fill_target(false, 1, 1, 512), Fill::Commands(1));
+        assert_eq!(fill_target(false, 2, 2000, 512), Fill::Commands(512));
+        assert!(!gather(Fill::Commands(16), 0, &[pending(0, 15)]));
+        assert!(gather(Fill::Commands(16), 0, &[pending(0, 15), pending(0, 1)]));
     }
 }
