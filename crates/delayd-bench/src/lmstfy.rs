@@ -490,6 +490,7 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
                         match (stamp(&body, 0), stamp(&body, 1)) {
                             (Some(due), Some(meant_due)) => {
                                 t.samples.record(now - due);
+                                t.due_lateness.push((due - wall0, now - due));
                                 mine.record(now - meant_due);
                             }
                             _ => t.error("timer job without its due times"),

@@ -239,6 +239,7 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
         );
     }
     md.push_str(&by_thread_md(rows));
+    md.push_str(&by_due_second_md(rows));
     if !ratios.is_empty() {
         md.push_str("\n## delayd ÷ peers (same run, same client count)\n\n");
         md.push_str(
@@ -273,6 +274,39 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     md.push_str(WORKLOADS_MD);
     std::fs::write(dir.join("report.md"), md)?;
     Ok(())
+}
+
+/// The timer rows' p99 lateness in each second of due time, as a Markdown section; empty
+/// when no row has it. It tells a tail made by one stall from a slow start or a backlog that
+/// grows through the run.
+fn by_due_second_md(rows: &[Row]) -> String {
+    let timed: Vec<(&Row, Vec<f64>)> = rows
+        .iter()
+        .filter_map(|r| {
+            let seconds = r.extra.get("lateness_by_due_second")?.as_array()?;
+            Some((r, seconds.iter().filter_map(|s| s.get("p99")?.as_f64()).collect()))
+        })
+        .collect();
+    if timed.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n## Timer lateness by due second\n\n\
+         p99 lateness in ms of the jobs due in each second of the run, first second first.\n\n\
+         | system | workload | c | p99 ms by due second |\n|---|---|---:|---|\n",
+    );
+    for (r, p99s) in timed {
+        let text: Vec<String> = p99s.iter().map(|ms| format!("{ms:.0}")).collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            r.system,
+            r.workload,
+            clients(r.clients),
+            text.join(" ")
+        );
+    }
+    md
 }
 
 /// Where each row's server CPU went, by thread name, as a Markdown section; empty when no
@@ -585,6 +619,19 @@ fn ratios_svg(ratios: &[Ratio]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timer_rows_list_their_p99_by_due_second() {
+        let mut row = Row::new("sys", "timer", Status::Ok);
+        row.clients = Some(64);
+        assert_eq!(by_due_second_md(std::slice::from_ref(&row)), "", "no seconds, no section");
+        row.extra.insert(
+            "lateness_by_due_second".into(),
+            serde_json::json!([{"second": 0, "p99": 12.4}, {"second": 1, "p99": 198.0}]),
+        );
+        let md = by_due_second_md(&[row]);
+        assert!(md.contains("| sys | timer | 64 | 12 198 |"), "{md}");
+    }
 
     #[test]
     fn the_cpu_split_lists_threads_by_share_and_leaves_out_zeros() {

@@ -95,6 +95,9 @@ pub struct Tally {
     pub errors: u64,
     /// The first failure, to show what went wrong.
     pub first_error: Option<String>,
+    /// Timer workloads: each delivery's due time (ms after the first job's) and lateness (ms),
+    /// to show when in the run the late ones came due.
+    pub due_lateness: Vec<(f64, f64)>,
 }
 
 impl Tally {
@@ -114,6 +117,7 @@ impl Tally {
         if self.first_error.is_none() {
             self.first_error = other.first_error;
         }
+        self.due_lateness.extend(other.due_lateness);
     }
 }
 

@@ -8,6 +8,7 @@
 //! from when it *should* have been sent, so a stalled server shows as latency rather than as
 //! fewer samples (coordinated omission).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use delayd_percentiles::MillisRecorder;
 use reqwest::header::HeaderValue;
 use reqwest::StatusCode;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
@@ -888,7 +890,9 @@ pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
                 match got {
                     Ok(jobs) => {
                         for (id, lease, due) in jobs {
-                            t.samples.record(wall_ms() - due);
+                            let late = wall_ms() - due;
+                            t.samples.record(late);
+                            t.due_lateness.push((due - wall0, late));
                             received.fetch_add(1, Ordering::Relaxed);
                             if ack_first {
                                 held.push((id, lease));
@@ -955,6 +959,7 @@ pub fn timer_row(
     how: &str,
 ) -> Row {
     let hist = lateness_histogram(&consumed.samples);
+    let by_second = lateness_by_due_second(&consumed.due_lateness);
     let (early, delivered) = (consumed.samples.below_zero(), consumed.samples.len());
     let mut row =
         Row::from_tally(system, workload, consumed, opts.timer_secs, "lateness (delivery − due)");
@@ -978,10 +983,46 @@ pub fn timer_row(
         .map(|(label, count)| json!({"bucket_ms": label, "count": count}))
         .collect();
     row.extra.insert("lateness_histogram".into(), Value::Array(hist));
+    if !by_second.is_empty() {
+        let p99s: Vec<String> = by_second.iter().map(|s| format!("{:.0}", s.p99)).collect();
+        eprintln!("  {system} {workload}: p99 lateness (ms) by due second: {}", p99s.join(" "));
+        row.extra.insert("lateness_by_due_second".into(), json!(by_second));
+    }
     if missing > 0 || early > 0 {
         row.status = Status::Failed;
     }
     row
+}
+
+/// Lateness percentiles of the jobs due in one second of a timer run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SecondLateness {
+    /// Seconds after the first job's due time.
+    pub second: u64,
+    /// Jobs due in that second.
+    pub n: u64,
+    /// Median lateness, ms.
+    pub p50: f64,
+    /// 99th percentile lateness, ms.
+    pub p99: f64,
+    /// Largest lateness, ms.
+    pub max: f64,
+}
+
+/// Lateness per second of due time, from `(due offset ms, lateness ms)` pairs: whether a
+/// run's tail is one stall, a slow start or a steady backlog.
+pub fn lateness_by_due_second(pairs: &[(f64, f64)]) -> Vec<SecondLateness> {
+    let mut seconds: BTreeMap<u64, MillisRecorder> = BTreeMap::new();
+    for &(due, late) in pairs {
+        seconds.entry((due.max(0.0) / 1000.0) as u64).or_default().record(late);
+    }
+    seconds
+        .into_iter()
+        .filter_map(|(second, rec)| {
+            let s = rec.summary()?;
+            Some(SecondLateness { second, n: s.count, p50: s.p50, p99: s.p99, max: s.max })
+        })
+        .collect()
 }
 
 /// `failover`: light publish load through every node; `kill -9` the leader; time until the
@@ -1149,6 +1190,17 @@ pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lateness_is_summarised_per_second_of_due_time() {
+        // Second 0: three on time and one 200 ms late; second 2: one job; none due in 1.
+        let pairs = [(0.0, 1.0), (10.0, 2.0), (999.0, 3.0), (500.0, 200.0), (2_500.0, 7.0)];
+        let by = lateness_by_due_second(&pairs);
+        let got: Vec<(u64, u64, f64)> = by.iter().map(|s| (s.second, s.n, s.max)).collect();
+        assert_eq!(got, [(0, 4, 200.0), (2, 1, 7.0)]);
+        assert_eq!(by[0].p50, 2.0);
+        assert!(lateness_by_due_second(&[]).is_empty());
+    }
 
     #[test]
     fn lateness_histogram_counts_early_apart_and_buckets_the_rest() {
