@@ -438,17 +438,48 @@ impl LocalBackend {
         }
     }
 
-    /// Sends `signal` (a `kill` signal name) to node `node` if it runs; false if it does not.
-    fn signal(&self, node: u64, signal: &str) -> anyhow::Result<bool> {
+    /// Sends `signal` (a `kill` signal name) to node `node` if it runs, and returns its pid;
+    /// `None` if it does not run.
+    fn signal(&self, node: u64, signal: &str) -> anyhow::Result<Option<u32>> {
         let mut slot = self.slot(node)?;
         match running(&mut slot) {
             Some(child) => {
-                run(&mut cmd("kill", [format!("-{signal}"), child.id().to_string()]))?;
-                Ok(true)
+                let pid = child.id();
+                run(&mut cmd("kill", [format!("-{signal}"), pid.to_string()]))?;
+                Ok(Some(pid))
             }
-            None => Ok(false),
+            None => Ok(None),
         }
     }
+}
+
+/// Waits until every thread of `pid` is stopped (state `T` or `t` in its
+/// `/proc/<pid>/task/<tid>/stat`), at most `within`.
+fn wait_stopped(pid: u32, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let mut running = 0;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            // A thread that exits between the listing and the read is not running.
+            let Ok(stat) = std::fs::read_to_string(task?.path().join("stat")) else { continue };
+            if !matches!(thread_state(&stat), Some('T' | 't')) {
+                running += 1;
+            }
+        }
+        if running == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{running} thread(s) still not stopped after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The state letter of a `/proc/.../stat` line: the first field after the command name,
+/// which is in parentheses and may itself hold spaces and parentheses.
+fn thread_state(stat: &str) -> Option<char> {
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
 
 /// The child in `slot` if it still runs; reaps and clears it if it exited.
@@ -641,10 +672,14 @@ impl Backend for LocalBackend {
     }
 
     fn pause(&self, node: u64) -> anyhow::Result<()> {
-        if !self.signal(node, "STOP")? {
+        let Some(pid) = self.signal(node, "STOP")? else {
             bail!("cannot pause node {node}: it is not running");
-        }
-        Ok(())
+        };
+        // `kill` returns once the signal is queued; the threads stop when one of them takes
+        // it, and on a loaded machine the others can serve requests meanwhile. Paused means
+        // every thread stopped.
+        wait_stopped(pid, Duration::from_secs(5))
+            .with_context(|| format!("pausing node {node} (pid {pid})"))
     }
 
     fn resume(&self, node: u64) -> anyhow::Result<()> {
@@ -749,5 +784,29 @@ impl Drop for LocalBackend {
     /// namespaces, interfaces or firewall rules behind.
     fn drop(&mut self) {
         let _ = self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_follows_the_command_name_whatever_it_holds() {
+        assert_eq!(thread_state("42 (delayd) S 1 42"), Some('S'));
+        assert_eq!(thread_state("42 (tokio-rt (x) y) T 1 42"), Some('T'));
+        assert_eq!(thread_state("42 (delayd"), None);
+    }
+
+    #[test]
+    fn a_stopped_process_is_seen_stopped_and_a_running_one_is_not() -> anyhow::Result<()> {
+        let mut child = Command::new("sleep").arg("30").spawn()?;
+        let pid = child.id();
+        let running = wait_stopped(pid, Duration::from_millis(20));
+        run(&mut cmd("kill", ["-STOP".to_string(), pid.to_string()]))?;
+        let stopped = wait_stopped(pid, Duration::from_secs(5));
+        kill_child(&mut child)?;
+        assert!(running.is_err(), "a sleeping process is not stopped");
+        stopped
     }
 }
