@@ -280,51 +280,26 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
 /// when no row has it. It tells a tail made by one stall from a slow start or a backlog that
 /// grows through the run.
 fn by_due_second_md(rows: &[Row]) -> String {
-    let timed: Vec<(&Row, Vec<f64>)> = rows
-        .iter()
-        .filter_map(|r| {
-            let seconds = r.extra.get("lateness_by_due_second")?.as_array()?;
-            Some((r, seconds.iter().filter_map(|s| s.get("p99")?.as_f64()).collect()))
-        })
-        .collect();
-    if timed.is_empty() {
-        return String::new();
-    }
-    let mut md = String::from(
-        "\n## Timer lateness by due second\n\n\
-         p99 lateness in ms of the jobs due in each second of the run, first second first.\n\n\
-         | system | workload | c | p99 ms by due second |\n|---|---|---:|---|\n",
-    );
-    for (r, p99s) in timed {
-        let text: Vec<String> = p99s.iter().map(|ms| format!("{ms:.0}")).collect();
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} |",
-            r.system,
-            r.workload,
-            clients(r.clients),
-            text.join(" ")
-        );
-    }
-    md
+    let lines = rows.iter().filter_map(|r| {
+        let seconds = r.extra.get("lateness_by_due_second")?.as_array()?;
+        let p99s: Vec<String> = seconds
+            .iter()
+            .filter_map(|s| Some(format!("{:.0}", s.get("p99")?.as_f64()?)))
+            .collect();
+        Some((r, p99s.join(" ")))
+    });
+    per_row_md(
+        "Timer lateness by due second",
+        "p99 lateness in ms of the jobs due in each second of the run, first second first.",
+        "p99 ms by due second",
+        lines,
+    )
 }
 
 /// Where each row's server CPU went, by thread name, as a Markdown section; empty when no
 /// row has the split (the processes were not the bench's own).
 fn by_thread_md(rows: &[Row]) -> String {
-    let split: Vec<&Row> =
-        rows.iter().filter(|r| !r.server_cpu_us_per_job_by_thread.is_empty()).collect();
-    if split.is_empty() {
-        return String::new();
-    }
-    let mut md = String::from(
-        "\n## Server CPU per job, by thread\n\n\
-         µs per job spent by each kind of server thread (threads named alike added up; a \
-         thread that ended during the workload is missing; shares that round to 0 µs are left \
-         out).\n\n\
-         | system | workload | c | µs/job by thread |\n|---|---|---:|---|\n",
-    );
-    for r in split {
+    let lines = rows.iter().filter(|r| !r.server_cpu_us_per_job_by_thread.is_empty()).map(|r| {
         let mut threads: Vec<(&String, &f64)> = r.server_cpu_us_per_job_by_thread.iter().collect();
         threads.sort_by(|a, b| b.1.total_cmp(a.1));
         // Shares that print as 0 are left out (judged on the printed figure: formatting
@@ -335,14 +310,36 @@ fn by_thread_md(rows: &[Row]) -> String {
             .filter(|(_, us)| us != "0")
             .map(|(name, us)| format!("`{name}` {us}"))
             .collect();
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} |",
-            r.system,
-            r.workload,
-            clients(r.clients),
-            text.join(", ")
-        );
+        (r, text.join(", "))
+    });
+    per_row_md(
+        "Server CPU per job, by thread",
+        "µs per job spent by each kind of server thread (threads named alike added up; a \
+         thread that ended during the workload is missing; shares that round to 0 µs are left \
+         out).",
+        "µs/job by thread",
+        lines,
+    )
+}
+
+/// A Markdown section `heading` with `intro` and a table of one line per row: system,
+/// workload, clients and `column`; empty when there are no lines.
+fn per_row_md<'a>(
+    heading: &str,
+    intro: &str,
+    column: &str,
+    lines: impl Iterator<Item = (&'a Row, String)>,
+) -> String {
+    let mut md = String::new();
+    for (r, text) in lines {
+        if md.is_empty() {
+            let _ = write!(
+                md,
+                "\n## {heading}\n\n{intro}\n\n| system | workload | c | {column} |\n\
+                 |---|---|---:|---|\n"
+            );
+        }
+        let _ = writeln!(md, "| {} | {} | {} | {text} |", r.system, r.workload, clients(r.clients));
     }
     md
 }

@@ -204,25 +204,29 @@ fn fill_target(
     }
 }
 
-/// An entry being gathered: what it holds so far, measured against its [`Fill`].
+/// An entry being gathered: its requests, and their counts measured against its [`Fill`].
 struct Gathered {
     target: Fill,
     /// Entries answered when the gathering began: a request queued at that count or later
     /// was sent after the last entry's answers.
     answered: u64,
-    /// Requests sent since the last entry was answered.
+    requests: Vec<Pending>,
+    /// Of `requests`, those sent since the last entry was answered.
     returned: usize,
     commands: usize,
+    bytes: usize,
 }
 
 impl Gathered {
     fn new(target: Fill, answered: u64) -> Self {
-        Gathered { target, answered, returned: 0, commands: 0 }
+        Gathered { target, answered, requests: Vec::new(), returned: 0, commands: 0, bytes: 0 }
     }
 
-    fn add(&mut self, p: &Pending) {
+    fn add(&mut self, p: Pending) {
         self.returned += usize::from(p.answered >= self.answered);
         self.commands += p.commands.len();
+        self.bytes += p.bytes;
+        self.requests.push(p);
     }
 
     /// Whether the entry may go without waiting for more. Requests that were already
@@ -287,33 +291,29 @@ async fn run(
             metrics.borrow_watched().membership_config.membership().voter_ids().nth(1).is_some();
         let target = fill_target(replicated, last_requests, last_size, max_batch);
         let mut gathered = Gathered::new(target, answered_so_far);
-        gathered.add(&first);
-        let mut size = first.commands.len();
-        let mut bytes = first.bytes;
-        let mut batch = vec![first];
+        gathered.add(first);
         let until = tokio::time::Instant::now() + linger;
-        while size < max_batch && bytes < max_entry_bytes {
+        while gathered.commands < max_batch && gathered.bytes < max_entry_bytes {
             let next = match rx.try_recv() {
                 Ok(p) => Some(p),
                 Err(_) if gathered.filled() || linger.is_zero() => None,
                 Err(_) => tokio::time::timeout_at(until, rx.recv()).await.ok().flatten(),
             };
             let Some(p) = next else { break };
-            if size + p.commands.len() > max_batch || bytes + p.bytes > max_entry_bytes {
+            if gathered.commands + p.commands.len() > max_batch
+                || gathered.bytes + p.bytes > max_entry_bytes
+            {
                 carried = Some(p);
                 break;
             }
-            gathered.add(&p);
-            size += p.commands.len();
-            bytes += p.bytes;
-            batch.push(p);
+            gathered.add(p);
         }
-        last_size = size;
-        last_requests = batch.len();
-        let mut commands = Vec::with_capacity(size);
-        let mut lens = Vec::with_capacity(batch.len());
-        let mut replies = Vec::with_capacity(batch.len());
-        for p in batch {
+        last_size = gathered.commands;
+        last_requests = gathered.requests.len();
+        let mut commands = Vec::with_capacity(gathered.commands);
+        let mut lens = Vec::with_capacity(last_requests);
+        let mut replies = Vec::with_capacity(last_requests);
+        for p in gathered.requests {
             lens.push(p.commands.len());
             commands.extend(p.commands);
             replies.push(p.reply);
@@ -354,19 +354,17 @@ async fn run(
 mod tests {
     use super::*;
 
-    fn pending(answered: u64, commands: usize) -> Pending {
-        let command = Command::Tick { limit: 1 };
-        Pending {
-            commands: vec![command; commands],
-            bytes: 0,
-            answered,
-            reply: oneshot::channel().0,
-        }
-    }
-
-    fn gather(target: Fill, answered: u64, batch: &[Pending]) -> bool {
+    /// Whether an entry of requests stamped `(answered, commands)` meets `target`.
+    fn gather(target: Fill, answered: u64, requests: &[(u64, usize)]) -> bool {
         let mut g = Gathered::new(target, answered);
-        batch.iter().for_each(|p| g.add(p));
+        for &(stamp, commands) in requests {
+            g.add(Pending {
+                commands: vec![Command::Tick { limit: 1 }; commands],
+                bytes: 0,
+                answered: stamp,
+                reply: oneshot::channel().0,
+            });
+        }
         g.filled()
     }
 
@@ -375,25 +373,23 @@ mod tests {
         assert_eq!(fill_target(true, 64, 64, 512), Fill::Returned(64));
         // One client: its next request, sent after the answer, is enough, however many
         // commands it carries (an ack riding on a reserve).
-        assert!(gather(Fill::Returned(1), 7, &[pending(7, 2)]));
+        assert!(gather(Fill::Returned(1), 7, &[(7, 2)]));
         // Nothing answered yet (the first entry): the first request goes at once.
-        assert!(gather(fill_target(true, 0, 0, 512), 0, &[pending(0, 1)]));
+        assert!(gather(fill_target(true, 0, 0, 512), 0, &[(0, 1)]));
     }
 
     #[test]
     fn a_request_that_waited_through_the_last_entry_is_not_counted_as_a_returning_one() {
         // 64 clients in two cohorts: 32 waited through entry 7 (queued when 6 entries were
         // answered), 32 were answered by it and come back.
-        let waited: Vec<Pending> = (0..32).map(|_| pending(6, 1)).collect();
-        let mut batch = waited;
-        batch.extend((0..31).map(|_| pending(7, 1)));
+        let mut batch = vec![(6, 1); 32];
+        batch.extend([(7, 1); 31]);
         assert!(!gather(Fill::Returned(32), 7, &batch), "one answered client is still to come");
-        batch.push(pending(7, 1));
+        batch.push((7, 1));
         assert!(gather(Fill::Returned(32), 7, &batch));
         // An answered client whose next request was queued before the proposer looked is
         // counted once: 32 returning requests meet the target of 32 on their own.
-        let returning: Vec<Pending> = (0..32).map(|_| pending(7, 1)).collect();
-        assert!(gather(Fill::Returned(32), 7, &returning));
+        assert!(gather(Fill::Returned(32), 7, &[(7, 1); 32]));
     }
 
     #[test]
@@ -401,7 +397,7 @@ mod tests {
         assert_eq!(fill_target(false, 32, 32, 512), Fill::Commands(16));
         assert_eq!(fill_target(false, 1, 1, 512), Fill::Commands(1));
         assert_eq!(fill_target(false, 2, 2000, 512), Fill::Commands(512));
-        assert!(!gather(Fill::Commands(16), 0, &[pending(0, 15)]));
-        assert!(gather(Fill::Commands(16), 0, &[pending(0, 15), pending(0, 1)]));
+        assert!(!gather(Fill::Commands(16), 0, &[(0, 15)]));
+        assert!(gather(Fill::Commands(16), 0, &[(0, 15), (0, 1)]));
     }
 }
