@@ -125,8 +125,8 @@ impl ForwardHandler for Handler {
 impl Cluster {
     /// Opens the store under `config.data_dir`, starts Raft, the proposer and the timer pump,
     /// and binds the gRPC listener; [`Cluster::serve`] then starts serving and forms the
-    /// cluster. `observer` hears about every applied batch; the store and the transport
-    /// record into `store_metrics` and `replication_metrics`.
+    /// cluster. `observer` hears about every applied batch; the store records into
+    /// `store_metrics`, the proposer and the transport into `replication_metrics`.
     pub async fn open(
         mut config: ClusterConfig,
         observer: Arc<dyn Observer>,
@@ -162,7 +162,7 @@ impl Cluster {
             .with_filter(config.faults.clone())
             .with_tls(config.tls.clone())
             .with_identity(identity.clone())
-            .with_metrics(replication_metrics);
+            .with_metrics(replication_metrics.clone());
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
                 .await
@@ -181,8 +181,13 @@ impl Cluster {
         let clock = Clock::default();
         let riders = Arc::new(Riders::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let (proposer, proposer_task) =
-            Proposer::spawn(raft.clone(), clock.clone(), config.proposer, shutdown_rx.clone());
+        let (proposer, proposer_task) = Proposer::spawn(
+            raft.clone(),
+            clock.clone(),
+            config.proposer,
+            replication_metrics,
+            shutdown_rx.clone(),
+        );
         let (relay, relay_task) =
             Relay::spawn(network.clone(), config.proposer.max_entry_bytes, shutdown_rx.clone());
         let tasks = vec![

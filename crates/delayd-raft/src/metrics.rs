@@ -1,4 +1,5 @@
-//! The transport's own Prometheus metrics: what replication puts on the wire.
+//! The runtime's own Prometheus metrics: how the proposer packs requests into log entries,
+//! and what replication puts on the wire.
 //!
 //! Like the store's metrics, [`ReplicationMetrics::default`] creates handles that are not
 //! registered anywhere; the server passes handles it registered in its node's registry to
@@ -9,8 +10,13 @@
 //! `rate(delayd_raft_append_entries_sent_total)` is the requests per entry sent, averaged
 //! over the followers, and `delayd_raft_append_commits_folded_total` counts the commit-only
 //! requests that never left because the next request carried their commit index.
+//!
+//! The proposer's counters say how full entries are and what filling them costs:
+//! `delayd_proposer_requests_total` over `delayd_proposer_entries_total` is the requests per
+//! entry, and `delayd_proposer_linger_expired_total` over the entries is the share of entries
+//! that waited the whole linger for clients that did not come.
 
-use prometheus::{IntCounter, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, Opts, Registry};
 
 /// Handles for the replication metrics; see `docs/metrics.md` for their meaning.
 #[derive(Clone)]
@@ -22,7 +28,23 @@ pub struct ReplicationMetrics {
     append_entries: IntCounter,
     /// Commit-only requests folded into the request after them instead of being sent.
     commits_folded: IntCounter,
+    /// Log entries the proposer handed to Raft.
+    proposed_entries: IntCounter,
+    /// Client requests those entries carried.
+    proposed_requests: IntCounter,
+    /// Commands those entries carried.
+    proposed_commands: IntCounter,
+    /// Entries proposed because the linger ran out before their fill target was met.
+    linger_expired: IntCounter,
+    /// From handing an entry to Raft until it was committed and applied (or failed).
+    commit_seconds: Histogram,
 }
+
+/// Bucket bounds for an entry's commit: 250 µs to 10 s, finest around a few fsyncs and a
+/// round trip.
+const COMMIT_SECONDS: &[f64] = &[
+    0.000_25, 0.000_5, 0.001, 0.002, 0.003, 0.005, 0.007_5, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 10.0,
+];
 
 fn counter(name: &str, help: &str) -> IntCounter {
     // Only an invalid name or help fails, and those are constants: every test run would show it.
@@ -46,6 +68,32 @@ impl Default for ReplicationMetrics {
                 "Commit-only AppendEntries requests not sent because the next request to the \
                  same follower carried their commit index.",
             ),
+            proposed_entries: counter(
+                "delayd_proposer_entries_total",
+                "Log entries this node's proposer handed to Raft (nonzero only while it leads).",
+            ),
+            proposed_requests: counter(
+                "delayd_proposer_requests_total",
+                "Client requests carried by the entries this node's proposer handed to Raft.",
+            ),
+            proposed_commands: counter(
+                "delayd_proposer_commands_total",
+                "Commands carried by the entries this node's proposer handed to Raft.",
+            ),
+            linger_expired: counter(
+                "delayd_proposer_linger_expired_total",
+                "Entries proposed because the batch linger ran out before the entry's fill \
+                 target was met.",
+            ),
+            commit_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "delayd_proposer_commit_seconds",
+                    "From handing an entry to Raft until it was committed and applied on this \
+                     node (or failed).",
+                )
+                .buckets(COMMIT_SECONDS.to_vec()),
+            )
+            .expect("valid histogram options"),
         }
     }
 }
@@ -53,10 +101,18 @@ impl Default for ReplicationMetrics {
 impl ReplicationMetrics {
     /// Registers every handle in `registry`.
     pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
-        for c in [&self.append_requests, &self.append_entries, &self.commits_folded] {
+        for c in [
+            &self.append_requests,
+            &self.append_entries,
+            &self.commits_folded,
+            &self.proposed_entries,
+            &self.proposed_requests,
+            &self.proposed_commands,
+            &self.linger_expired,
+        ] {
             registry.register(Box::new(c.clone()))?;
         }
-        Ok(())
+        registry.register(Box::new(self.commit_seconds.clone()))
     }
 
     /// Requests sent so far.
@@ -72,6 +128,47 @@ impl ReplicationMetrics {
     /// Commit-only requests folded so far.
     pub fn commits_folded(&self) -> u64 {
         self.commits_folded.get()
+    }
+
+    /// Entries proposed so far.
+    pub fn proposed_entries(&self) -> u64 {
+        self.proposed_entries.get()
+    }
+
+    /// Requests carried by the entries proposed so far.
+    pub fn proposed_requests(&self) -> u64 {
+        self.proposed_requests.get()
+    }
+
+    /// Commands carried by the entries proposed so far.
+    pub fn proposed_commands(&self) -> u64 {
+        self.proposed_commands.get()
+    }
+
+    /// Entries proposed so far because the linger ran out.
+    pub fn linger_expired(&self) -> u64 {
+        self.linger_expired.get()
+    }
+
+    /// Counts one entry handed to Raft, carrying `requests` requests of `commands` commands
+    /// in all; `expired` when it went because the linger ran out before it was filled.
+    pub(crate) fn proposed(&self, requests: usize, commands: usize, expired: bool) {
+        self.proposed_entries.inc();
+        self.proposed_requests.inc_by(requests as u64);
+        self.proposed_commands.inc_by(commands as u64);
+        if expired {
+            self.linger_expired.inc();
+        }
+    }
+
+    /// Entries whose commit was timed so far.
+    pub fn commits_timed(&self) -> u64 {
+        self.commit_seconds.get_sample_count()
+    }
+
+    /// Records how long one entry took from Raft's hands to applied (or failed).
+    pub(crate) fn committed(&self, took: std::time::Duration) {
+        self.commit_seconds.observe(took.as_secs_f64());
     }
 
     /// Counts one request handed to the network, carrying `entries` entries and standing in for

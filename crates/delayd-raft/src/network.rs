@@ -448,11 +448,20 @@ impl GrpcConnection {
             + Unpin
             + 'static,
     {
+        // openraft paces its retries to an unreachable peer (the backoff below) as it hands
+        // out a stream's requests, and tonic polls the request stream only once connected: a
+        // refused connection came back at once and was tried again at once, some 5,000
+        // times a second per peer while a follower was down. Taking the first request
+        // before connecting puts openraft's pause before every attempt.
+        let mut input = fold_commits(input, COMMIT_HOLD).peekable();
+        if std::pin::Pin::new(&mut input).peek().await.is_none() {
+            // Nothing to send: openraft ended the stream (replication cancelled or replaced).
+            return Ok(Box::pin(futures::stream::empty()));
+        }
         let mut client = self.client()?;
         let patience = option.soft_ttl().max(STREAM_PATIENCE);
         let target = self.target;
         let progress = Arc::new(StreamProgress::default());
-        let input = fold_commits(input, COMMIT_HOLD);
         // The fault filter judges each request as it is sent: a link cut mid-stream ends it.
         let requests = futures::stream::unfold(
             (input, self.network.clone(), progress.clone()),
@@ -790,6 +799,39 @@ mod tests {
             .await
             .expect_err("unreachable");
         assert!(matches!(err, ForwardError::Unreachable(_)), "{err}");
+    }
+
+    /// openraft waits out its backoff while it hands a stream its next request, so a stream
+    /// must take its first request before it dials: a refused connection that came back
+    /// without it was dialled again at once, in a tight loop, while a follower was down.
+    #[tokio::test]
+    async fn a_stream_takes_its_first_request_before_it_dials() {
+        let addr = closed_addr().await;
+        let mut network = network();
+        let mut conn = network.new_client(2, &BasicNode::new(&addr)).await;
+        let polled = Arc::new(AtomicBool::new(false));
+        let flag = polled.clone();
+        let input = futures::stream::poll_fn(move |_| {
+            flag.store(true, Ordering::SeqCst);
+            let heartbeat = AppendEntriesRequest {
+                vote: Vote::new_committed(1, 1),
+                prev_log_id: None,
+                leader_commit: None,
+                entries: Vec::new(),
+            };
+            std::task::Poll::Ready(Some(heartbeat))
+        });
+        let Err(err) = conn.stream_append(input, rpc_option()).await else {
+            panic!("a closed port accepted a stream");
+        };
+        assert!(matches!(err, RPCError::Unreachable(_)), "{err}");
+        assert!(polled.load(Ordering::SeqCst), "dialled before openraft handed over a request");
+
+        // A stream openraft ends before its first request (replication cancelled) dials
+        // nothing and ends at once.
+        let replies = conn.stream_append(futures::stream::empty(), rpc_option()).await;
+        let Ok(mut replies) = replies else { panic!("an empty stream dialled the closed port") };
+        assert!(replies.next().await.is_none());
     }
 
     #[tokio::test]

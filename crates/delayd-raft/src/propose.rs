@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 
 use crate::clock::Clock;
 use crate::error::ClusterError;
+use crate::metrics::ReplicationMetrics;
 
 struct Pending {
     commands: Vec<Command>,
@@ -80,13 +81,15 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the proposer over `raft`, stamping each entry with `clock`. Its task ends when
-    /// `shutdown` flips to true (entries already handed to Raft finish or time out on their
-    /// own); the handle lets the cluster join it.
+    /// Starts the proposer over `raft`, stamping each entry with `clock` and counting the
+    /// entries it proposes in `metrics`. Its task ends when `shutdown` flips to true (entries
+    /// already handed to Raft finish or time out on their own); the handle lets the cluster
+    /// join it.
     pub fn spawn(
         raft: Raft,
         clock: Clock,
         config: ProposerConfig,
+        metrics: ReplicationMetrics,
         shutdown: watch::Receiver<bool>,
     ) -> (Self, JoinHandle<()>) {
         let config = ProposerConfig {
@@ -96,7 +99,7 @@ impl Proposer {
         };
         let (tx, rx) = mpsc::channel(config.max_batch * 4);
         let answered = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(run(raft, clock, rx, config, answered.clone(), shutdown));
+        let task = tokio::spawn(run(raft, clock, rx, config, answered.clone(), metrics, shutdown));
         let pending_bytes = Arc::new(Semaphore::new(config.max_entry_bytes * PENDING_ENTRIES));
         let proposer = Proposer {
             tx,
@@ -249,6 +252,7 @@ async fn run(
     mut rx: mpsc::Receiver<Pending>,
     config: ProposerConfig,
     answered: Arc<AtomicU64>,
+    counters: ReplicationMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let ProposerConfig { max_batch, max_entry_bytes, max_in_flight, linger, timeout } = config;
@@ -293,11 +297,18 @@ async fn run(
         let mut gathered = Gathered::new(target, answered_so_far);
         gathered.add(first);
         let until = tokio::time::Instant::now() + linger;
+        let mut expired = false;
         while gathered.commands < max_batch && gathered.bytes < max_entry_bytes {
             let next = match rx.try_recv() {
                 Ok(p) => Some(p),
                 Err(_) if gathered.filled() || linger.is_zero() => None,
-                Err(_) => tokio::time::timeout_at(until, rx.recv()).await.ok().flatten(),
+                Err(_) => match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(p) => p,
+                    Err(_) => {
+                        expired = true;
+                        None
+                    }
+                },
             };
             let Some(p) = next else { break };
             if gathered.commands + p.commands.len() > max_batch
@@ -310,6 +321,7 @@ async fn run(
         }
         last_size = gathered.commands;
         last_requests = gathered.requests.len();
+        counters.proposed(last_requests, last_size, expired);
         let mut commands = Vec::with_capacity(gathered.commands);
         let mut lens = Vec::with_capacity(last_requests);
         let mut replies = Vec::with_capacity(last_requests);
@@ -319,9 +331,11 @@ async fn run(
             replies.push(p.reply);
         }
         let entry = Entry::new(clock.now_ms(), commands);
-        let (raft, answered) = (raft.clone(), answered.clone());
+        let (raft, answered, counters) = (raft.clone(), answered.clone(), counters.clone());
         tokio::spawn(async move {
+            let started = std::time::Instant::now();
             let written = tokio::time::timeout(timeout, raft.client_write(entry)).await;
+            counters.committed(started.elapsed());
             // Counted before any client hears back, so that whatever they send next is known
             // to come after this entry (see `Gathered`).
             answered.fetch_add(1, Ordering::Release);

@@ -472,6 +472,7 @@ async fn an_idle_reserve_costs_no_log_entry() -> Result {
 
 /// The leader counts what replication puts on the wire: every entry reaches both followers,
 /// and under a steady stream of writes commit-only requests ride on the entries after them.
+/// Its proposer counts the entries it packs and the requests they carry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replication_counts_requests_entries_and_folded_commits() -> Result {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -486,6 +487,13 @@ async fn replication_counts_requests_entries_and_folded_commits() -> Result {
     let requests_before = counters.append_requests();
     let entries_before = counters.append_entries();
     let folded_before = counters.commits_folded();
+    let (proposed_before, carried_before, commands_before, expired_before, timed_before) = (
+        counters.proposed_entries(),
+        counters.proposed_requests(),
+        counters.proposed_commands(),
+        counters.linger_expired(),
+        counters.commits_timed(),
+    );
     let first_index = c.node(leader).metrics().last_log_index.unwrap_or(0);
     // Eight writers in closed loops, as clients are: a commit is nearly always followed by
     // another entry within the fold's hold, so folding must show up.
@@ -542,10 +550,25 @@ async fn replication_counts_requests_entries_and_folded_commits() -> Result {
     }
     let requests = counters.append_requests() - requests_before;
     assert!(requests > 0, "no request counted for {appended} entries");
-    // Followers send no AppendEntries while they follow.
+    // Followers send no AppendEntries while they follow, and propose nothing: every write
+    // went through the leader's proposer.
     for ((id, m), before) in followers.iter().zip(followers_before) {
         assert_eq!(m.append_requests(), before, "node {id}");
+        assert_eq!(m.proposed_entries(), 0, "node {id}");
     }
+    // Every write is one request of one command; the timer pump's ticks may add a few more
+    // (a tick may carry riders).
+    let proposed = counters.proposed_entries() - proposed_before;
+    let carried = counters.proposed_requests() - carried_before;
+    assert!(carried >= acked.len() as u64, "{carried} requests counted for {} writes", acked.len());
+    assert!(counters.proposed_commands() - commands_before >= carried);
+    assert!((1..=appended).contains(&proposed), "{proposed} entries proposed, {appended} appended");
+    // Eight closed-loop writers share entries: that is the proposer's purpose.
+    assert!(carried > proposed, "{carried} requests in {proposed} entries");
+    assert!(counters.linger_expired() - expired_before <= proposed);
+    // Every entry the writers were answered by was timed (a tick may still be in flight).
+    let timed = counters.commits_timed() - timed_before;
+    assert!((1..=proposed).contains(&timed), "{timed} commits timed of {proposed} entries");
     for id in 1..=3 {
         c.holds(id, &acked).await?;
     }

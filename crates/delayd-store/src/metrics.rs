@@ -20,6 +20,8 @@ pub struct StoreMetrics {
     pub(crate) log_fsync_seconds: Histogram,
     /// Appends (openraft `append` calls) completed by one WAL sync.
     pub(crate) log_fsync_batch_entries: Histogram,
+    /// Applying a batch of committed entries to the state machine.
+    pub(crate) apply_seconds: Histogram,
     /// Building a snapshot file from a consistent view.
     pub(crate) snapshot_build_seconds: Histogram,
     /// Installing a received snapshot: verify, then replace the state.
@@ -72,6 +74,12 @@ impl Default for StoreMetrics {
                 "Log appends made durable by one WAL sync.",
                 BATCH,
             ),
+            apply_seconds: histogram(
+                "delayd_apply_seconds",
+                "Applying one batch of committed entries to the state machine, from the first \
+                 command to the last write (answers and effects not included).",
+                IO_SECONDS,
+            ),
             snapshot_build_seconds: histogram(
                 "delayd_snapshot_build_seconds",
                 "Building a state-machine snapshot file.",
@@ -101,6 +109,7 @@ impl StoreMetrics {
             &self.log_append_seconds,
             &self.log_fsync_seconds,
             &self.log_fsync_batch_entries,
+            &self.apply_seconds,
             &self.snapshot_build_seconds,
             &self.snapshot_install_seconds,
         ] {

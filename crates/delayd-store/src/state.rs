@@ -146,6 +146,7 @@ impl Shared {
         &self,
         entries: &[LogEntry],
     ) -> Result<(Vec<Vec<Outcome>>, Effects), StoreError> {
+        let started = Instant::now();
         let live = ReadView::live(&self.db);
         let mut overlay = Overlay::new(&live);
         let mut replies = Vec::with_capacity(entries.len());
@@ -176,6 +177,7 @@ impl Shared {
             }
         }
         self.write_applied(overlay, last_applied, membership)?;
+        self.metrics.apply_seconds.observe(since(started));
         Ok((replies, effects))
     }
 
@@ -907,6 +909,8 @@ mod tests {
         .expect("apply");
         assert_eq!(db::wal_syncs(&sm.shared.db), syncs, "apply does not fsync");
         assert_eq!(*lock(&seen), [Effects::default()]);
+        // Both entries came in one call: one batch timed.
+        assert_eq!(sm.shared.metrics.apply_seconds.get_sample_count(), 1);
 
         let (last_applied, membership) = sm.applied_state().await.expect("state");
         assert_eq!(last_applied, Some(log_id::<TypeConfig>(1, 0, 2)));
