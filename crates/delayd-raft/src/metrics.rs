@@ -28,6 +28,8 @@ pub struct ReplicationMetrics {
     append_entries: IntCounter,
     /// Commit-only requests folded into the request after them instead of being sent.
     commits_folded: IntCounter,
+    /// Append streams to a follower that could not be opened.
+    stream_failures: IntCounter,
     /// Log entries the proposer handed to Raft.
     proposed_entries: IntCounter,
     /// Client requests those entries carried.
@@ -68,6 +70,11 @@ impl Default for ReplicationMetrics {
                 "Commit-only AppendEntries requests not sent because the next request to the \
                  same follower carried their commit index.",
             ),
+            stream_failures: counter(
+                "delayd_raft_append_stream_failures_total",
+                "Append streams to a follower that could not be opened (refused, unreachable, \
+                 not answered in time); each retry waits out a backoff of 50 ms doubling to 1 s.",
+            ),
             proposed_entries: counter(
                 "delayd_proposer_entries_total",
                 "Log entries this node's proposer handed to Raft (nonzero only while it leads).",
@@ -105,6 +112,7 @@ impl ReplicationMetrics {
             &self.append_requests,
             &self.append_entries,
             &self.commits_folded,
+            &self.stream_failures,
             &self.proposed_entries,
             &self.proposed_requests,
             &self.proposed_commands,
@@ -128,6 +136,16 @@ impl ReplicationMetrics {
     /// Commit-only requests folded so far.
     pub fn commits_folded(&self) -> u64 {
         self.commits_folded.get()
+    }
+
+    /// Append streams that could not be opened so far.
+    pub fn stream_failures(&self) -> u64 {
+        self.stream_failures.get()
+    }
+
+    /// Counts one append stream that could not be opened.
+    pub(crate) fn stream_failed(&self) {
+        self.stream_failures.inc();
     }
 
     /// Entries proposed so far.

@@ -612,7 +612,14 @@ impl RaftNetworkV2<TypeConfig> for GrpcConnection {
         if self.unary_only {
             return stream_append_sequential(self, input, option);
         }
-        Box::pin(self.open_append_stream(input, option))
+        let metrics = self.network.metrics.clone();
+        Box::pin(async move {
+            let opened = self.open_append_stream(input, option).await;
+            if opened.is_err() {
+                metrics.stream_failed();
+            }
+            opened
+        })
     }
 
     async fn vote(

@@ -576,6 +576,44 @@ async fn replication_counts_requests_entries_and_folded_commits() -> Result {
     Ok(())
 }
 
+/// A follower whose process is gone refuses connections at once. The leader retries it after
+/// a backoff (50 ms doubling to 1 s), not in a loop: it used to redial some 5,700 times a
+/// second, burning a core, because the refused dial failed before openraft's backoff ran.
+/// The other follower keeps the cluster committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_follower_is_retried_after_a_backoff_not_in_a_loop() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let down = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    let counters = c.replication[leader as usize - 1].clone();
+    let before = counters.stream_failures();
+    c.stop(down).await;
+    // Replication to it breaks once there is something to send.
+    let deadline = Instant::now() + WAIT;
+    let mut n = 0u128;
+    while counters.stream_failures() == before {
+        if Instant::now() >= deadline {
+            return Err(format!("no failed append stream to node {down} within {WAIT:?}").into());
+        }
+        n += 1;
+        let publish = Command::Publish { queue: queue(), job: new_job(JobId(5_000_000 + n)) };
+        c.node(leader).propose(vec![publish]).await?;
+    }
+    // From here every redial waits out the backoff: in one second at most a handful (50, 100,
+    // 200, 400 ms ...), where the loop made thousands. 25 leaves room for replication being
+    // restarted now and then; the point is the order of magnitude.
+    let start = counters.stream_failures();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let redials = counters.stream_failures() - start;
+    assert!(redials <= 25, "{redials} failed append streams to node {down} in one second");
+    // And the cluster still commits with the other follower.
+    let last = JobId(5_000_000 + n + 1);
+    c.node(leader).propose(vec![Command::Publish { queue: queue(), job: new_job(last) }]).await?;
+    c.holds(leader, &[last]).await?;
+    c.stop_all().await;
+    Ok(())
+}
+
 /// A leader just elected holds no lease until a quorum has answered it. Its first
 /// linearizable reads wait for that answer instead of failing with "not enough for a
 /// quorum" in a healthy cluster (a reserve finding nothing ready, on any node, is such a
