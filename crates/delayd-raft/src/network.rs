@@ -818,16 +818,16 @@ mod tests {
         let mut conn = network.new_client(2, &BasicNode::new(&addr)).await;
         let polled = Arc::new(AtomicBool::new(false));
         let flag = polled.clone();
-        let input = futures::stream::poll_fn(move |_| {
+        let input = futures::stream::once(async move {
             flag.store(true, Ordering::SeqCst);
-            let heartbeat = AppendEntriesRequest {
+            AppendEntriesRequest {
                 vote: Vote::new_committed(1, 1),
                 prev_log_id: None,
                 leader_commit: None,
                 entries: Vec::new(),
-            };
-            std::task::Poll::Ready(Some(heartbeat))
-        });
+            }
+        })
+        .boxed();
         let Err(err) = conn.stream_append(input, rpc_option()).await else {
             panic!("a closed port accepted a stream");
         };
