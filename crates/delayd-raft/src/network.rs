@@ -450,9 +450,9 @@ impl GrpcConnection {
     {
         // openraft paces its retries to an unreachable peer (the backoff below) as it hands
         // out a stream's requests, and tonic polls the request stream only once connected: a
-        // refused connection came back at once and was tried again at once, some 5,000
-        // times a second per peer while a follower was down. Taking the first request
-        // before connecting puts openraft's pause before every attempt.
+        // refused connection came back at once and was tried again at once, thousands of
+        // times a second, while a follower was down. Taking the first request before
+        // connecting puts openraft's pause before every attempt.
         let mut input = fold_commits(input, COMMIT_HOLD).peekable();
         if std::pin::Pin::new(&mut input).peek().await.is_none() {
             // Nothing to send: openraft ended the stream (replication cancelled or replaced).
