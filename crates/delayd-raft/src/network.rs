@@ -453,7 +453,9 @@ impl GrpcConnection {
         // refused connection came back at once and was tried again at once, thousands of
         // times a second, while a follower was down. Taking the first request before
         // connecting puts openraft's pause before every attempt.
-        let mut input = fold_commits(input, COMMIT_HOLD).peekable();
+        // openraft's own request, not the folded one: folding may hold a commit-only request
+        // for up to `COMMIT_HOLD`, which the stream's opening would then wait out too.
+        let mut input = input.peekable();
         if std::pin::Pin::new(&mut input).peek().await.is_none() {
             // Nothing to send: openraft ended the stream (replication cancelled or replaced).
             return Ok(Box::pin(futures::stream::empty()));
@@ -462,6 +464,7 @@ impl GrpcConnection {
         let patience = option.soft_ttl().max(STREAM_PATIENCE);
         let target = self.target;
         let progress = Arc::new(StreamProgress::default());
+        let input = fold_commits(input, COMMIT_HOLD);
         // The fault filter judges each request as it is sent: a link cut mid-stream ends it.
         let requests = futures::stream::unfold(
             (input, self.network.clone(), progress.clone()),
