@@ -451,10 +451,10 @@ impl GrpcConnection {
         // openraft paces its retries to an unreachable peer (the backoff below) as it hands
         // out a stream's requests, and tonic polls the request stream only once connected: a
         // refused connection came back at once and was tried again at once, thousands of
-        // times a second, while a follower was down. Taking the first request before
-        // connecting puts openraft's pause before every attempt.
-        // openraft's own request, not the folded one: folding may hold a commit-only request
-        // for up to `COMMIT_HOLD`, which the stream's opening would then wait out too.
+        // times a second, while a follower was down. Taking openraft's first request before
+        // connecting puts its pause before every attempt. Its own request, not the folded
+        // one: folding may hold a commit-only request for up to `COMMIT_HOLD`, which opening
+        // the stream would then wait out too.
         let mut input = input.peekable();
         if std::pin::Pin::new(&mut input).peek().await.is_none() {
             // Nothing to send: openraft ended the stream (replication cancelled or replaced).

@@ -331,11 +331,12 @@ async fn run(
             replies.push(p.reply);
         }
         let entry = Entry::new(clock.now_ms(), commands);
-        let (raft, answered, counters) = (raft.clone(), answered.clone(), counters.clone());
+        let (raft, answered) = (raft.clone(), answered.clone());
+        let commit_seconds = counters.commit_seconds();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let written = tokio::time::timeout(timeout, raft.client_write(entry)).await;
-            counters.committed(started.elapsed());
+            commit_seconds.observe(started.elapsed().as_secs_f64());
             // Counted before any client hears back, so that whatever they send next is known
             // to come after this entry (see `Gathered`).
             answered.fetch_add(1, Ordering::Release);

@@ -577,7 +577,7 @@ async fn replication_counts_requests_entries_and_folded_commits() -> Result {
 }
 
 /// A follower whose process is gone refuses connections at once. The leader retries it after
-/// a backoff (50 ms doubling to 1 s), not in a loop: it used to redial some 5,700 times a
+/// a backoff (50 ms doubling to 1 s), not in a loop: it used to redial about 6,000 times a
 /// second, burning a core, because the refused dial failed before openraft's backoff ran.
 /// The other follower keeps the cluster committing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
