@@ -218,11 +218,55 @@ struct Gathered {
     returned: usize,
     commands: usize,
     bytes: usize,
+    /// Whether the linger ran out before the target was met.
+    expired: bool,
 }
 
 impl Gathered {
     fn new(target: Fill, answered: u64) -> Self {
-        Gathered { target, answered, requests: Vec::new(), returned: 0, commands: 0, bytes: 0 }
+        Gathered {
+            target,
+            answered,
+            requests: Vec::new(),
+            returned: 0,
+            commands: 0,
+            bytes: 0,
+            expired: false,
+        }
+    }
+
+    /// Takes queued requests until the entry is full, or the queue is empty and the target
+    /// met; while the target is not met, waits for more up to `linger` from now. Returns a
+    /// request that would have overfilled the entry: it opens the next one.
+    async fn take_more(
+        &mut self,
+        rx: &mut mpsc::Receiver<Pending>,
+        linger: Duration,
+        max_batch: usize,
+        max_entry_bytes: usize,
+    ) -> Option<Pending> {
+        let until = tokio::time::Instant::now() + linger;
+        while self.commands < max_batch && self.bytes < max_entry_bytes {
+            let next = match rx.try_recv() {
+                Ok(p) => Some(p),
+                Err(_) if self.filled() || linger.is_zero() => None,
+                Err(_) => match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(p) => p,
+                    Err(_) => {
+                        self.expired = true;
+                        None
+                    }
+                },
+            };
+            let p = next?;
+            if self.commands + p.commands.len() > max_batch
+                || self.bytes + p.bytes > max_entry_bytes
+            {
+                return Some(p);
+            }
+            self.add(p);
+        }
+        None
     }
 
     fn add(&mut self, p: Pending) {
@@ -296,32 +340,10 @@ async fn run(
         let target = fill_target(replicated, last_requests, last_size, max_batch);
         let mut gathered = Gathered::new(target, answered_so_far);
         gathered.add(first);
-        let until = tokio::time::Instant::now() + linger;
-        let mut expired = false;
-        while gathered.commands < max_batch && gathered.bytes < max_entry_bytes {
-            let next = match rx.try_recv() {
-                Ok(p) => Some(p),
-                Err(_) if gathered.filled() || linger.is_zero() => None,
-                Err(_) => match tokio::time::timeout_at(until, rx.recv()).await {
-                    Ok(p) => p,
-                    Err(_) => {
-                        expired = true;
-                        None
-                    }
-                },
-            };
-            let Some(p) = next else { break };
-            if gathered.commands + p.commands.len() > max_batch
-                || gathered.bytes + p.bytes > max_entry_bytes
-            {
-                carried = Some(p);
-                break;
-            }
-            gathered.add(p);
-        }
+        carried = gathered.take_more(&mut rx, linger, max_batch, max_entry_bytes).await;
         last_size = gathered.commands;
         last_requests = gathered.requests.len();
-        counters.proposed(last_requests, last_size, expired);
+        counters.proposed(last_requests, last_size, gathered.expired);
         let mut commands = Vec::with_capacity(gathered.commands);
         let mut lens = Vec::with_capacity(last_requests);
         let mut replies = Vec::with_capacity(last_requests);
@@ -405,6 +427,58 @@ mod tests {
         // An answered client whose next request was queued before the proposer looked is
         // counted once: 32 returning requests meet the target of 32 on their own.
         assert!(gather(Fill::Returned(32), 7, &[(7, 1); 32]));
+    }
+
+    fn request(answered: u64, commands: usize) -> Pending {
+        Pending {
+            commands: vec![Command::Tick { limit: 1 }; commands],
+            bytes: commands,
+            answered,
+            reply: oneshot::channel().0,
+        }
+    }
+
+    const LINGER: Duration = Duration::from_millis(40);
+
+    #[tokio::test]
+    async fn an_entry_short_of_its_returning_clients_waits_out_the_linger() {
+        // The last entry (the 7th answered) carried two requests; only one of its clients is
+        // back, so the entry waits for the other until the linger runs out.
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut g = Gathered::new(Fill::Returned(2), 7);
+        g.add(request(7, 1));
+        let started = tokio::time::Instant::now();
+        assert!(g.take_more(&mut rx, LINGER, 512, 1 << 20).await.is_none());
+        assert!(g.expired);
+        assert!(started.elapsed() >= LINGER);
+        assert_eq!(g.requests.len(), 1);
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn an_entry_whose_clients_are_back_goes_without_waiting() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut g = Gathered::new(Fill::Returned(2), 7);
+        g.add(request(7, 1));
+        // A request that waited through the last entry is taken but does not count; the
+        // second returning client does.
+        tx.send(request(6, 1)).await.expect("queued");
+        tx.send(request(7, 1)).await.expect("queued");
+        assert!(g.take_more(&mut rx, Duration::from_secs(60), 512, 1 << 20).await.is_none());
+        assert!(!g.expired);
+        assert_eq!((g.requests.len(), g.returned), (3, 2));
+    }
+
+    #[tokio::test]
+    async fn a_request_that_would_overfill_the_entry_opens_the_next() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut g = Gathered::new(Fill::Returned(3), 7);
+        g.add(request(7, 3));
+        tx.send(request(7, 2)).await.expect("queued");
+        let carried = g.take_more(&mut rx, LINGER, 4, 1 << 20).await;
+        assert_eq!(carried.map(|p| p.commands.len()), Some(2));
+        assert!(!g.expired, "a full entry goes without waiting out the linger");
+        assert_eq!(g.commands, 3);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequestParts, Query};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use delayd_core::{Due, JobId, QueueName};
@@ -25,10 +25,8 @@ use crate::service::{Principal, PublishParams, Service};
 /// The credential a request shows: `Authorization: Bearer`, `X-Token`, or `?token=`.
 pub(crate) fn credential(parts: &Parts) -> Option<String> {
     let headers = &parts.headers;
-    header_credential(|name| headers.get(name).and_then(|v| v.to_str().ok())).or_else(|| {
-        let Query(q) = Query::<HashMap<String, String>>::try_from_uri(&parts.uri).ok()?;
-        q.get("token").cloned()
-    })
+    header_credential(|name| headers.get(name).and_then(|v| v.to_str().ok()))
+        .or_else(|| Params::of(&parts.uri).str("token").map(str::to_string))
 }
 
 /// The authenticated caller. Taken first by every handler that needs one, so a request
@@ -109,22 +107,49 @@ impl<S: Send + Sync> FromRequestParts<S> for JobRef {
 }
 
 /// Query parameters, parsed on demand with errors that name the parameter.
-pub(crate) struct Params(HashMap<String, String>);
+///
+/// A list, not a map: a request carries a handful of parameters, and every request pays for
+/// building this, so a scan of a few pairs beats hashing each name. A name given twice
+/// reads as its last value, as a map built in order would hold.
+pub(crate) struct Params(Vec<(String, String)>);
+
+impl Params {
+    /// The query of `uri`, percent-decoded (invalid UTF-8 is replaced, not refused, as
+    /// axum's query extractor does).
+    pub(crate) fn of(uri: &axum::http::Uri) -> Params {
+        let query = uri.query().unwrap_or_default().as_bytes();
+        Params(url::form_urlencoded::parse(query).into_owned().collect())
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for Params {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
-        match Query::<HashMap<String, String>>::try_from_uri(&parts.uri) {
-            Ok(Query(q)) => Ok(Params(q)),
-            Err(r) => Err(bad(r.body_text())),
-        }
+        Ok(Params::of(&parts.uri))
+    }
+}
+
+/// A publish's parameters: the query's, with the service's defaults for what is absent, and
+/// attributes from `Job-Attr-{Name}` headers (read in place: taking the whole `HeaderMap`
+/// would copy every header of every publish).
+pub(crate) struct Publishing(pub PublishParams);
+
+impl<S: Send + Sync> FromRequestParts<S> for Publishing {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        Ok(Publishing(Params::of(&parts.uri).publish(&parts.headers)?))
     }
 }
 
 impl Params {
     pub(crate) fn str(&self, name: &str) -> Option<&str> {
-        self.0.get(name).map(String::as_str)
+        self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|(k, _)| k == name)
     }
 
     /// A number, `None` when absent.
@@ -190,7 +215,7 @@ impl Params {
         queues: &[QueueName],
     ) -> Result<Vec<AckFirst>, ApiError> {
         let Some(ids) = self.str("ack") else {
-            if self.0.contains_key("ack_lease") || self.0.contains_key("ack_queue") {
+            if self.has("ack_lease") || self.has("ack_queue") {
                 return Err(bad("ack_lease and ack_queue need ack (the job id to ack)"));
             }
             return Ok(Vec::new());
@@ -239,7 +264,7 @@ impl Params {
 
     /// A publish's parameters, with the service's defaults for what is absent; attributes
     /// come from `Job-Attr-{Name}` headers.
-    pub(crate) fn publish(&self, headers: &HeaderMap) -> Result<PublishParams, ApiError> {
+    fn publish(&self, headers: &HeaderMap) -> Result<PublishParams, ApiError> {
         let mut p = PublishParams::default();
         if let Some(due) = self.due()? {
             p.due = due;

@@ -6,14 +6,14 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use delayd_core::{Due, Job, Target};
 use serde_json::json;
 
 use super::error::{bad, ApiError, ApiResult};
-use super::extract::{body, split_json_array, Caller, JobRef, Params, Path, QueueRef};
+use super::extract::{body, split_json_array, Caller, JobRef, Params, Path, Publishing, QueueRef};
 use super::render;
 use crate::error::ServiceError;
 use crate::service::jobs::JobUpdate;
@@ -26,11 +26,9 @@ pub(crate) async fn publish(
     State(s): State<Service>,
     Caller(caller): Caller,
     QueueRef(queue): QueueRef,
-    params: Params,
-    headers: HeaderMap,
+    Publishing(p): Publishing,
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let p = params.publish(&headers)?;
     let data = body(raw, s.config().max_body_bytes)?;
     Ok(render::published(s.publish(&caller, queue, &p, data).await?))
 }
@@ -40,11 +38,9 @@ pub(crate) async fn bulk(
     State(s): State<Service>,
     Caller(caller): Caller,
     QueueRef(queue): QueueRef,
-    params: Params,
-    headers: HeaderMap,
+    Publishing(p): Publishing,
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let p = params.publish(&headers)?;
     let data = body(raw, s.config().max_request_bytes())?;
     // As lmstfy does, each element's JSON text is one job's body.
     let bodies = || split_json_array(&data);
@@ -58,11 +54,9 @@ pub(crate) async fn republish(
     State(s): State<Service>,
     Caller(caller): Caller,
     JobRef(queue, old): JobRef,
-    params: Params,
-    headers: HeaderMap,
+    Publishing(p): Publishing,
     raw: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
-    let p = params.publish(&headers)?;
     let data = body(raw, s.config().max_body_bytes)?;
     Ok(render::published(s.republish(&caller, queue, old, &p, data).await?))
 }

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::service::Service;
 
 /// The header both ways.
-pub const HEADER: &str = "x-request-id";
+pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// A client's id is used when it is 1–64 characters of letters, digits, `-`, `_` and `.`:
 /// anything else could forge log lines or blow up their size.
@@ -32,7 +32,7 @@ fn acceptable(id: &str) -> bool {
 
 /// The request's id: the client's when [`acceptable`], else a new ULID.
 fn request_id(request: &Request) -> HeaderValue {
-    let given = request.headers().get(HEADER).filter(|v| v.to_str().is_ok_and(acceptable));
+    let given = request.headers().get(&HEADER).filter(|v| v.to_str().is_ok_and(acceptable));
     match given {
         Some(id) => id.clone(),
         None => {
