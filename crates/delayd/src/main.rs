@@ -121,15 +121,7 @@ async fn main() -> anyhow::Result<()> {
 /// work each HTTP request paid for nothing (about 1 % of a leader's CPU under publish load).
 /// Only a filter with such directives gets it.
 fn init_logging(settings: &Settings) -> anyhow::Result<()> {
-    let level = settings.log_level.as_deref().unwrap_or("info");
-    let (targets, env) = match level.parse::<Targets>() {
-        Ok(targets) => (Some(targets), None),
-        Err(_) => {
-            let env = EnvFilter::try_new(level)
-                .with_context(|| format!("log_level {level:?} is not valid"))?;
-            (None, Some(env))
-        }
-    };
+    let (targets, env) = log_filter(settings.log_level.as_deref().unwrap_or("info"))?;
     let logs = tracing_subscriber::registry().with(targets).with(env);
     if settings.log_json == Some(true) {
         logs.with(fmt::layer().json().with_current_span(true)).init();
@@ -138,6 +130,19 @@ fn init_logging(settings: &Settings) -> anyhow::Result<()> {
         logs.with(fmt::layer().with_ansi(ansi)).init();
     }
     Ok(())
+}
+
+/// The filter `init_logging` installs for `level`: a [`Targets`] when it can express it, else
+/// an `EnvFilter` (exactly one of the two is `Some`).
+fn log_filter(level: &str) -> anyhow::Result<(Option<Targets>, Option<EnvFilter>)> {
+    match level.parse::<Targets>() {
+        Ok(targets) => Ok((Some(targets), None)),
+        Err(_) => {
+            let env = EnvFilter::try_new(level)
+                .with_context(|| format!("log_level {level:?} is not valid"))?;
+            Ok((None, Some(env)))
+        }
+    }
 }
 
 async fn shutdown_signal() {
@@ -175,6 +180,18 @@ mod tests {
             sha == "unknown" || (!sha.is_empty() && sha.chars().all(|c| c.is_ascii_hexdigit())),
             "{sha:?} is neither a revision nor `unknown`"
         );
+    }
+
+    #[test]
+    fn target_lists_get_the_cheap_filter_and_span_directives_the_full_one() {
+        for plain in ["info", "info,openraft=warn", "delayd_raft::network=trace", "off"] {
+            let (targets, env) = log_filter(plain).expect("valid");
+            assert!(targets.is_some() && env.is_none(), "{plain}");
+        }
+        let (targets, env) = log_filter("info,[request{route=/api}]=debug").expect("valid");
+        assert!(targets.is_none() && env.is_some());
+        let err = log_filter("info,[request").expect_err("unbalanced bracket");
+        assert!(err.to_string().contains("is not valid"), "{err}");
     }
 
     /// Found by the chaos harness: `DELAYD_DEBUG_CLOCK=1` made the node exit at start,
