@@ -131,6 +131,29 @@ async fn an_idle_connection_is_closed_but_a_long_poll_is_not() -> Result<()> {
     Ok(())
 }
 
+/// The one change that brings a connection's deadline closer: an idle keep-alive connection
+/// (idle timeout 4 s) starts a request and stalls half-way through its header, which must
+/// then be cut off by the header timeout (500 ms), not left to the idle one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_stalled_after_an_idle_wait_is_cut_off_by_the_header_timeout() -> Result<()> {
+    let flags = ["--http-header-timeout-ms", "500", "--http-idle-timeout-ms", "4000"];
+    let (server, _dir) = node(&flags).await?;
+    let mut conn = connect(&server).await?;
+    ensure!(get(&mut conn, "/health", Duration::from_secs(5)).await? == 200);
+    let mut byte = [0u8; 1];
+    let idle = timeout(Duration::from_millis(1200), conn.read(&mut byte)).await;
+    ensure!(idle.is_err(), "the idle connection ended within the idle timeout: {idle:?}");
+
+    let started = Instant::now();
+    conn.write_all(b"GET /health HTTP/1.1\r\nHost: delayd\r\nX-Slow: ").await?;
+    closed_by_server(&mut conn, Duration::from_secs(5)).await?;
+    let took = started.elapsed();
+    ensure!(took >= Duration::from_millis(400), "closed after {took:?}, before the timeout");
+    // The idle deadline was 2.8 s away when the header began.
+    ensure!(took < Duration::from_millis(2000), "closed after {took:?}: by the idle timeout");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_limit_wait_for_a_free_slot() -> Result<()> {
     let (server, _dir) = node(&["--http-max-connections", "2"]).await?;
