@@ -5,8 +5,8 @@ use std::path::Path;
 
 use delayd_core::{codec, Cf, KvError, KvRead};
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Options,
-    ReadOptions, SnapshotWithThreadMode, WriteOptions,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Env,
+    Options, ReadOptions, SnapshotWithThreadMode, WriteOptions,
 };
 use serde::de::DeserializeOwned;
 
@@ -57,6 +57,19 @@ pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
+    // Flushes and compactions run at the lowest CPU priority (nice 19), below the threads
+    // that serve requests, replicate and sync the log. They are bursts of tens of
+    // milliseconds of CPU each; at normal priority one took a core from a busy node for that
+    // long, and every commit and delivery waited behind it (timer lateness p99 at 5,000 jobs/s
+    // on three nodes sharing two cores roughly halved without them). A priority only matters
+    // while the cores are contended: a node with idle cores runs them as before, and one that
+    // starves them long enough to fill its memtables has its writes stalled, which frees the
+    // CPU they need. The setting is RocksDB's process-wide default environment's, so every
+    // database of the process (the tests' in-process clusters) shares it.
+    let mut env = Env::new()?;
+    env.lower_thread_pool_cpu_priority();
+    env.lower_high_priority_thread_pool_cpu_priority();
+    opts.set_env(&env);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     opts.increase_parallelism(i32::try_from(cores).unwrap_or(2));
     // The WAL is shared by every column family; a rarely written one (raft_meta) would pin old
@@ -312,6 +325,32 @@ mod tests {
         let text = std::fs::read_to_string(options).expect("read");
         let line = format!("db_write_buffer_size={MEMTABLE_BUDGET}");
         assert!(text.lines().any(|l| l.trim() == line), "{line} not in the options");
+    }
+
+    /// Flushes run below the foreground's CPU priority: once a flush is done, the thread that
+    /// ran it is at nice 19 (RocksDB lowers a pool thread's priority as it takes its next job).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn flushes_run_at_the_lowest_cpu_priority() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = open(dir.path()).expect("open");
+        put(&db, Cf::Jobs, &[b"a"]);
+        db.flush_cf(cf(&db, Cf::Jobs.name()).expect("cf")).expect("flush");
+        let mut nice = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim() != "rocksdb:high" {
+                continue;
+            }
+            let stat = std::fs::read_to_string(task.path().join("stat")).expect("stat");
+            // Fields after the parenthesised name start with the third (state); nice is the
+            // nineteenth.
+            let after_name = &stat[stat.rfind(')').expect("name") + 1..];
+            let field = after_name.split_whitespace().nth(16).expect("nice");
+            nice.push(field.parse::<i32>().expect("a number"));
+        }
+        assert!(!nice.is_empty(), "no flush thread found");
+        assert!(nice.iter().all(|n| *n == 19), "flush threads' nice values: {nice:?}");
     }
 
     #[test]
