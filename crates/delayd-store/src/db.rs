@@ -59,9 +59,10 @@ pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
     opts.create_missing_column_families(true);
     // Flushes and compactions run at the lowest CPU priority (nice 19), below the threads
     // that serve requests, replicate and sync the log. They are bursts of tens of
-    // milliseconds of CPU each; at normal priority one took a core from a busy node for that
-    // long, and every commit and delivery waited behind it (timer lateness p99 at 5,000 jobs/s
-    // on three nodes sharing two cores roughly halved without them). A priority only matters
+    // milliseconds of CPU each; at normal priority one can take a core from a busy node for
+    // that long, and commits and deliveries wait behind it (with them lowered, the timer's
+    // p99 at 5,000 jobs/s on three nodes sharing two cores fell by a quarter to a third with
+    // `ack=` and batching consumers, in four pairs of five). A priority only matters
     // while the cores are contended: a node with idle cores runs them as before, and one that
     // starves them long enough to fill its memtables has its writes stalled, which frees the
     // CPU they need. The setting is RocksDB's process-wide default environment's, so every
