@@ -328,19 +328,13 @@ mod tests {
         assert!(text.lines().any(|l| l.trim() == line), "{line} not in the options");
     }
 
-    /// Flushes run below the foreground's CPU priority: once a flush is done, the thread that
-    /// ran it is at nice 19 (RocksDB lowers a pool thread's priority as it takes its next job).
+    /// The nice values of this process's threads named `name`.
     #[cfg(target_os = "linux")]
-    #[test]
-    fn flushes_run_at_the_lowest_cpu_priority() {
-        let dir = tempfile::tempdir().expect("dir");
-        let db = open(dir.path()).expect("open");
-        put(&db, Cf::Jobs, &[b"a"]);
-        db.flush_cf(cf(&db, Cf::Jobs.name()).expect("cf")).expect("flush");
+    fn nice_of(name: &str) -> Vec<i32> {
         let mut nice = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
             let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            if comm.trim() != "rocksdb:high" {
+            if comm.trim() != name {
                 continue;
             }
             let stat = std::fs::read_to_string(task.path().join("stat")).expect("stat");
@@ -350,8 +344,29 @@ mod tests {
             let field = after_name.split_whitespace().nth(16).expect("nice");
             nice.push(field.parse::<i32>().expect("a number"));
         }
-        assert!(!nice.is_empty(), "no flush thread found");
-        assert!(nice.iter().all(|n| *n == 19), "flush threads' nice values: {nice:?}");
+        nice
+    }
+
+    /// Flushes and compactions run below the foreground's CPU priority: once a flush and a
+    /// compaction are done, the threads that ran them are at nice 19 (RocksDB lowers a pool
+    /// thread's priority as it takes its next job, so a compaction thread that has not run one
+    /// yet is still at the default).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn flushes_and_compactions_run_at_the_lowest_cpu_priority() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = open(dir.path()).expect("open");
+        let jobs = cf(&db, Cf::Jobs.name()).expect("cf");
+        for key in [b"a", b"b"] {
+            put(&db, Cf::Jobs, &[key]);
+            db.flush_cf(jobs).expect("flush");
+        }
+        db.compact_range_cf(jobs, None::<&[u8]>, None::<&[u8]>);
+        let flushers = nice_of("rocksdb:high");
+        assert!(!flushers.is_empty(), "no flush thread found");
+        assert!(flushers.iter().all(|n| *n == 19), "flush threads' nice values: {flushers:?}");
+        let compactors = nice_of("rocksdb:low");
+        assert!(compactors.contains(&19), "compaction threads' nice values: {compactors:?}");
     }
 
     #[test]
