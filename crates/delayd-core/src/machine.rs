@@ -14,7 +14,7 @@
 //! always puts the job back (its next delivery reports `remain_tries` 0).
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::codec::{decode, decode_job, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
@@ -165,7 +165,7 @@ pub fn apply<R: KvRead + ?Sized>(
         loaded_bytes: Cell::new(0),
         ahead: Vec::new(),
         demand_left: demand,
-        made_ready: HashSet::new(),
+        made_ready: BTreeSet::new(),
     };
     entry.commands.iter().map(|c| tx.command(c)).collect()
 }
@@ -243,7 +243,7 @@ struct Tx<'t, 'a, R: KvRead + ?Sized> {
     /// within the entry (a tick's riders reserve the jobs the tick made ready in the same
     /// entry) is taken back from the wake-up count: a waiter woken for it would find
     /// nothing, and under load it would send an empty reserve to the log.
-    made_ready: HashSet<JobId>,
+    made_ready: BTreeSet<JobId>,
 }
 
 type Result2<T> = Result<Result<T, Rejection>, KvError>;
