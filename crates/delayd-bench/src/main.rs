@@ -24,6 +24,7 @@ mod compare;
 mod conn;
 mod disque;
 mod lmstfy;
+mod machine;
 mod procstat;
 mod progress;
 mod report;
@@ -284,6 +285,10 @@ async fn run(args: Args) -> Result<ExitCode> {
         }
     );
 
+    // Read before anything starts, in the file system the clusters' data goes to.
+    let machine = machine::probe(&std::env::temp_dir())?;
+    eprintln!("delayd-bench: machine: {machine}");
+
     let compare_bin = match &args.compare_bin {
         Some(_) if !args.target.is_empty() => {
             bail!("--compare-bin starts the clusters of both builds itself: drop --target")
@@ -328,6 +333,7 @@ async fn run(args: Args) -> Result<ExitCode> {
     let meta = json!({
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "cpus": cpus,
+        "machine": machine,
         "delayd_bin": bin.display().to_string(),
         "delayd_profile": profile,
         "compare_bin": compare_bin.as_ref().map(|b| b.display().to_string()),

@@ -191,11 +191,17 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     std::fs::create_dir_all(dir)?;
     let mut md = String::from("# delayd benchmark\n\n");
     let _ = writeln!(md, "Run: `{}`\n", meta["command"].as_str().unwrap_or(""));
+    let m = &meta["machine"];
     let _ = writeln!(
         md,
-        "Machine: {} CPUs; delayd binary `{}`; started {} (unix s). Figures from one run on a \
-         shared machine: compare systems through the ratios, measured side by side.\n",
+        "Machine: {} CPUs; one core's compute loop {:.0} ms, a thread hand-off {:.1} µs, \
+         `fdatasync` p50 {:.2} ms (read before the run; see benchmarks.md); delayd binary `{}`; \
+         started {} (unix s). Figures from one run on a shared machine: compare systems \
+         through the ratios, measured side by side.\n",
         meta["cpus"],
+        m["compute_ms"].as_f64().unwrap_or(f64::NAN),
+        m["handoff_us"].as_f64().unwrap_or(f64::NAN),
+        m["fdatasync_ms"].as_f64().unwrap_or(f64::NAN),
         meta["delayd_bin"].as_str().unwrap_or("?"),
         meta["started_unix_s"]
     );

@@ -1,0 +1,131 @@
+//! A reading of the machine itself, taken before any workload: how fast one core computes,
+//! how long it takes to hand a message to a parked thread, and how long a small durable
+//! append takes where the clusters keep their data.
+//!
+//! The benchmark's figures move with the machine as much as with the code: the same build has
+//! run at less than half the speed on one fresh machine of a kind than on another, peers
+//! included. Ratios within one run cancel that out; these three figures, printed and kept in
+//! the report beside the results, let a reader tell a slower machine from slower code when
+//! comparing runs of different days.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// Rounds of the compute loop: about 0.1 s on a current server core.
+const COMPUTE_ROUNDS: u64 = 50_000_000;
+/// Round trips between two threads.
+const HANDOFFS: u32 = 5_000;
+/// Synced appends.
+const SYNCS: usize = 100;
+
+/// What [`probe`] read.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Machine {
+    /// Wall time of a fixed integer loop on one core, ms, the best of three (lower is
+    /// faster).
+    pub compute_ms: f64,
+    /// One hand-off of a message to a thread blocked waiting for it, and that thread's
+    /// wake-up, µs: half a round trip between two threads. Every hop between delayd's threads
+    /// (workers, the log syncer, RocksDB's) pays this.
+    pub handoff_us: f64,
+    /// The median `fdatasync` of a 200-byte append, ms, in the directory the clusters' data
+    /// goes to.
+    pub fdatasync_ms: f64,
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "compute {:.0} ms, thread hand-off {:.1} µs, fdatasync p50 {:.2} ms",
+            self.compute_ms, self.handoff_us, self.fdatasync_ms
+        )
+    }
+}
+
+/// Reads the machine, syncing in a temporary file under `dir`. Takes well under a second.
+pub fn probe(dir: &Path) -> Result<Machine> {
+    let fdatasync_ms = fdatasync(dir)?;
+    let compute_ms = (0..3).map(|_| compute()).fold(f64::INFINITY, f64::min);
+    Ok(Machine { compute_ms, handoff_us: handoff()?, fdatasync_ms })
+}
+
+/// An xorshift loop whose result is kept, so that it is computed.
+fn compute() -> f64 {
+    let started = Instant::now();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for _ in 0..COMPUTE_ROUNDS {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    std::hint::black_box(x);
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+/// Half the mean round trip of a token between two threads over rendezvous channels, where
+/// each side blocks until the other answers.
+fn handoff() -> Result<f64> {
+    let (to_echo, echo_rx) = mpsc::sync_channel::<u32>(0);
+    let (to_main, main_rx) = mpsc::sync_channel::<u32>(0);
+    let echo = std::thread::Builder::new().name("bench-probe".into()).spawn(move || {
+        while let Ok(n) = echo_rx.recv() {
+            if to_main.send(n).is_err() {
+                break;
+            }
+        }
+    })?;
+    let started = Instant::now();
+    for i in 0..HANDOFFS {
+        to_echo.send(i).context("the probe's echo thread ended")?;
+        main_rx.recv().context("the probe's echo thread ended")?;
+    }
+    let elapsed = started.elapsed();
+    drop(to_echo);
+    let _ = echo.join();
+    Ok(elapsed.as_secs_f64() * 1e6 / f64::from(HANDOFFS) / 2.0)
+}
+
+/// The median time of `fdatasync` after a 200-byte append, in a file created under `dir`.
+fn fdatasync(dir: &Path) -> Result<f64> {
+    let mut file = tempfile::Builder::new()
+        .prefix("delayd-bench-probe-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+    let record = [b'x'; 200];
+    let mut took = Vec::with_capacity(SYNCS);
+    for _ in 0..SYNCS {
+        file.write_all(&record)?;
+        let started = Instant::now();
+        file.as_file().sync_data()?;
+        took.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    took.sort_by(f64::total_cmp);
+    Ok(took[took.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_reading_has_every_figure_and_a_missing_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = probe(dir.path()).unwrap();
+        for figure in [m.compute_ms, m.handoff_us, m.fdatasync_ms] {
+            assert!(figure.is_finite() && figure > 0.0, "{m:?}");
+        }
+        // The probe's file is gone with the reading.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let gone = dir.path().join("missing");
+        let err = probe(&gone).unwrap_err();
+        assert!(format!("{err:#}").contains("missing"), "{err:#}");
+    }
+}
