@@ -38,12 +38,12 @@ pub struct Effects {
     /// Queues that gained ready jobs, with how many they gained (a resumed queue counts
     /// every ready job it holds): that many long-poll waiters are worth waking, no more.
     ///
-    /// A job that the same entry made ready and reserved again still counts. The reserves
-    /// that ride a tick are parked waiters themselves, mostly parked before the others, and
-    /// a wake-up reaches the longest waiting first: the wake-ups their jobs add are the ones
-    /// they take. Counted without them, the riders took the wake-ups meant for the jobs left
-    /// in line (tried: at saturation the timer's p99 with one-job and `ack=` consumers rose
-    /// in three pairs of four).
+    /// A job that the same entry made ready and reserved again still counts. Counted
+    /// without them, the timer's p99 at saturation rose with one-job and `ack=` consumers in
+    /// three pairs of four (tried). The likely reason, read from the code and not traced: the
+    /// reserves that ride a tick are parked waiters themselves, mostly parked before the
+    /// others, and a wake-up reaches the longest waiting first, so the wake-ups their jobs add
+    /// are the ones they take.
     pub ready_queues: BTreeMap<QueueName, u64>,
     /// The earliest timer deadline added by the batch.
     pub earliest_timer_ms: Option<u64>,
