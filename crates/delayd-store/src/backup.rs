@@ -504,7 +504,7 @@ mod tests {
             fs::write(data.join("admin-token"), "0123456789abcdef\n").expect("token");
         }
         let copy = dir.path().join("copy");
-        copy_tree(&data, &copy);
+        crate::test_entries::copy_tree(&data, &copy);
 
         let r = recover(&data, 2, None, Tail::Keep).expect("recover");
         assert_eq!((r.applied_before, r.committed, r.last_log_index), (Some(2), Some(3), Some(5)));
@@ -520,18 +520,5 @@ mod tests {
         let r = recover(&copy, 2, Some("x:9".into()), Tail::DiscardUncommitted).expect("recover");
         assert_eq!((r.applied_index, r.discarded, r.addr.as_str()), (Some(3), 2, "x:9"));
         assert!(recover(&dir.path().join("none"), 2, None, Tail::Keep).is_err());
-    }
-
-    fn copy_tree(from: &Path, to: &Path) {
-        fs::create_dir_all(to).expect("mkdir");
-        for entry in fs::read_dir(from).expect("list") {
-            let entry = entry.expect("entry");
-            let dest = to.join(entry.file_name());
-            if entry.path().is_dir() {
-                copy_tree(&entry.path(), &dest);
-            } else {
-                fs::copy(entry.path(), dest).expect("copy");
-            }
-        }
     }
 }

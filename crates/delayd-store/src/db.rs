@@ -6,7 +6,7 @@ use std::path::Path;
 use delayd_core::{codec, Cf, KvError, KvRead};
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, Env,
-    Options, ReadOptions, SnapshotWithThreadMode, WriteOptions,
+    FlushOptions, Options, ReadOptions, SnapshotWithThreadMode, WriteOptions,
 };
 use serde::de::DeserializeOwned;
 
@@ -77,6 +77,13 @@ pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
     // WAL files forever without this bound, which forces flushes of the column families
     // holding them.
     opts.set_max_total_wal_size(512 << 20);
+    // The state machine's writes skip the WAL (see `unlogged`), so after a crash its column
+    // families hold whatever their last flush wrote. Flushed together, that is one applied
+    // batch boundary for all of them, with `raft/last_applied` beside it; flushed one by one,
+    // the jobs could be ahead of the ready index and of `last_applied`, and re-applying the log
+    // over them would not reproduce the state. Automatic flushes then take every column family
+    // with data in its memtable.
+    opts.set_atomic_flush(true);
     opts.set_keep_log_file_num(10);
     // Smooth out the IO of memtable flushes and compactions instead of bursty writeback that
     // stalls the synced log appends.
@@ -132,6 +139,31 @@ pub(crate) fn synced() -> WriteOptions {
     let mut wo = WriteOptions::default();
     wo.set_sync(true);
     wo
+}
+
+/// Write options for the state machine's applied batches: not in the WAL.
+///
+/// The Raft log is the state machine's write-ahead log: an applied batch is a function of log
+/// entries that are already synced, and it carries `raft/last_applied` with it. Losing the
+/// batch in a crash (with every later one: see `set_atomic_flush` in [`open`]) only sends
+/// openraft back to re-apply those entries. Written to the WAL as well, every job's body and
+/// record would be written and fsynced twice: once in the log entry, once in its state.
+pub(crate) fn unlogged() -> WriteOptions {
+    let mut wo = WriteOptions::default();
+    wo.disable_wal(true);
+    wo
+}
+
+/// Writes the state machine's memtables to disk, every column family at the same applied
+/// batch, and returns once that is durable: from then on a crash cannot take the state (and
+/// `raft/last_applied`) back before the batch applied last. Called before the log may be
+/// purged, i.e. before a snapshot is made current (openraft purges only entries a snapshot
+/// covers).
+pub(crate) fn flush_state(db: &Db) -> Result<(), StoreError> {
+    let handles = Cf::ALL.iter().map(|c| cf(db, c.name())).collect::<Result<Vec<_>, _>>()?;
+    let mut opts = FlushOptions::default();
+    opts.set_wait(true);
+    Ok(db.flush_cfs_opt(&handles, &opts)?)
 }
 
 /// Reads and decodes one value.

@@ -31,12 +31,16 @@
 //!   the log's syncer thread (one `SyncWAL` for every append written meanwhile): they return
 //!   (and `append` reports `log_io_completed`) only once RocksDB's WAL is fsynced. Openraft
 //!   counts an appended entry towards a quorum on the strength of that report.
-//! - `save_committed` and `apply` are not synced. Both are recoverable: a lost commit index is
-//!   learned again, and `apply` writes the state changes *and* `raft/last_applied` in one
-//!   atomic batch, so a crash loses both together and openraft re-applies from the (synced)
-//!   log. Because all column families share one sequential WAL, any later sync (the next
-//!   append's) also makes every earlier apply durable; in particular `purge`, which is
-//!   synced, never lets the log lose entries that the state machine has not durably applied.
+//! - `save_committed` is not synced: a lost commit index is learned again.
+//! - `apply` is neither synced nor in the WAL: the synced log is the state machine's
+//!   write-ahead log. It writes the state changes *and* `raft/last_applied` in one atomic
+//!   batch, so a crash loses both together (everything applied since the last memtable flush)
+//!   and openraft re-applies from the log. The database flushes all column families together
+//!   (`atomic_flush`), so the state a crash leaves is one batch boundary for every column
+//!   family. Building a snapshot flushes the state before the snapshot becomes current, and
+//!   openraft purges only entries a snapshot covers: the log never loses an entry the state
+//!   machine has not durably applied. A clean close flushes too (RocksDB does so on close
+//!   when writes skipped the WAL).
 //! - Snapshot files are written to a temporary name, fsynced, renamed and the directory
 //!   fsynced; only then does the synced pointer in `raft_meta` name them. The current
 //!   snapshot is never replaced by an older one.

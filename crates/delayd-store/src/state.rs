@@ -208,9 +208,10 @@ impl Shared {
         if let Some(membership) = &membership {
             batch.put_cf(meta, SM_MEMBERSHIP, codec::encode(membership));
         }
-        // Not synced: the log below it is, and a crash that loses this write also loses
-        // `last_applied` with it, so openraft re-applies the same entries.
-        self.db.write(batch)?;
+        // Neither synced nor in the WAL: the log below it is both, and a crash that loses
+        // this write also loses `last_applied` with it, so openraft re-applies the same
+        // entries (see `db::unlogged`).
+        self.db.write_opt(batch, &db::unlogged())?;
         Ok(())
     }
 
@@ -222,6 +223,10 @@ impl Shared {
         let n = self.next_file();
         let name = self.dir.write(n, &meta, &view)?;
         drop(view);
+        // Once the snapshot is current openraft may purge the log up to it, and the applies
+        // up to it are in no WAL: they are made durable first, so that no crash can take the
+        // state back behind a log that no longer holds the entries to re-apply.
+        db::flush_state(&self.db)?;
         // Open before promoting: if a newer snapshot wins, this file is removed, but the open
         // handle still reads it.
         let file = File::open(self.dir.path(&name)).map_err(ctx_io("open built snapshot"))?;
@@ -918,6 +923,49 @@ mod tests {
         assert_eq!(membership.membership().voter_ids().collect::<Vec<_>>(), [1]);
         let view = sm.read_view().expect("view");
         assert_eq!(view.last_applied().expect("last applied"), Some(log_id::<TypeConfig>(1, 0, 2)));
+    }
+
+    /// Applies are in no WAL (`db::unlogged`): a crash leaves the state of the last flush,
+    /// every column family and `last_applied` at the same batch, and never less than the
+    /// current snapshot, which may already have let the log be purged. Re-applying the log
+    /// from there gives the state the crash interrupted.
+    #[tokio::test]
+    async fn a_crash_leaves_the_last_flushed_batch_and_never_less_than_the_snapshot() {
+        use crate::test_entries::{copy_tree, publish_entry};
+        let dir = tempfile::tempdir().expect("dir");
+        let data = dir.path().join("node");
+        let (_log, mut sm) = open(&data);
+        let fresh = dump(&sm);
+        let first = [
+            membership_ent::<TypeConfig>(1, 0, 1, voters(&[1])),
+            publish_entry(1, 2, b"two".to_vec()),
+        ];
+        apply_entries(&mut sm, first.clone()).await.expect("apply");
+
+        // Killed now: nothing was flushed, and nothing of the applies is on disk.
+        copy_tree(&data, &dir.path().join("crash-1"));
+        {
+            let (_log, mut crashed) = open(&dir.path().join("crash-1"));
+            assert_eq!(crashed.applied_state().await.expect("state").0, None);
+            assert_eq!(dump(&crashed), fresh);
+            apply_entries(&mut crashed, first).await.expect("re-apply");
+            assert_eq!(dump(&crashed), dump(&sm), "re-applied from the log");
+        }
+
+        let built = sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        assert_eq!(built.meta.last_log_id, Some(log_id::<TypeConfig>(1, 0, 2)));
+        let at_snapshot = dump(&sm);
+        let second = publish_entry(1, 3, b"three".to_vec());
+        apply_entries(&mut sm, [second.clone()]).await.expect("apply");
+
+        // Killed after the snapshot: its applies survive, the later one does not.
+        copy_tree(&data, &dir.path().join("crash-2"));
+        let (_log, mut crashed) = open(&dir.path().join("crash-2"));
+        let applied = crashed.applied_state().await.expect("state").0;
+        assert_eq!(applied, built.meta.last_log_id);
+        assert_eq!(dump(&crashed), at_snapshot);
+        apply_entries(&mut crashed, [second]).await.expect("re-apply");
+        assert_eq!(dump(&crashed), dump(&sm), "re-applied from the log");
     }
 
     #[tokio::test]

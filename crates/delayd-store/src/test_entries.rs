@@ -1,4 +1,7 @@
-//! Log entries for the crate's unit tests.
+//! Log entries, and a copy of a data directory, for the crate's unit tests.
+
+use std::fs;
+use std::path::Path;
 
 use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName};
 use openraft::testing::log_id;
@@ -24,5 +27,20 @@ pub(crate) fn publish_entry(term: u64, index: u64, body: Vec<u8>) -> LogEntry {
     openraft::Entry {
         log_id: log_id::<TypeConfig>(term, 0, index),
         payload: EntryPayload::Normal(Entry::new(1000, vec![command])),
+    }
+}
+
+/// Copies the directory `from` to `to`, files as they are on disk: of an open store, what a
+/// process killed at that moment would leave behind (nothing is flushed first).
+pub(crate) fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("mkdir");
+    for entry in fs::read_dir(from).expect("list") {
+        let entry = entry.expect("entry");
+        let dest = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_tree(&entry.path(), &dest);
+        } else {
+            fs::copy(entry.path(), dest).expect("copy");
+        }
     }
 }
