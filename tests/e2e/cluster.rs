@@ -202,6 +202,47 @@ async fn leader_kill9_loses_nothing_and_respects_leases() -> Result<()> {
     Ok(())
 }
 
+/// A node's applied state is in no write-ahead log of RocksDB's: the Raft log is its
+/// write-ahead log, and the state is flushed before a snapshot lets that log be purged. A
+/// follower killed with its log purged behind a snapshot, and with applies since, comes back
+/// to the same state as the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_after_purging_its_log_comes_back_to_the_same_state() -> Result<()> {
+    let flags = ["--snapshot-logs", "64", "--keep-logs", "8"];
+    let mut cluster = Cluster::start(3, &flags).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let follower = (0..3).find(|i| *i != leader).context("no follower")?;
+    let api = cluster.api(leader);
+    for i in 0..200 {
+        let (st, _) = api.put(&format!("/api/t/purged?delay=0&key=k{i}"), format!("v{i}")).await?;
+        ensure!(st == 201);
+    }
+    let (st, r) = api.get("/api/t/purged?count=5&ttr=600").await?;
+    ensure!(st == 200, "reserve: {st} {r}");
+    let (st, _) = api.put("/api/t/purged?delay=0", "last").await?;
+    ensure!(st == 201);
+    // The follower has built a snapshot and purged its own log behind it.
+    let id = cluster.nodes[follower].id;
+    eventually(Duration::from_secs(10), || async {
+        let (_, c) = cluster.api(follower).get("/admin/cluster").await?;
+        let me = c["nodes"].as_array().and_then(|ns| ns.iter().find(|x| x["id"] == id).cloned());
+        Ok(me.filter(|m| m["purged"].as_u64().is_some_and(|p| p > 0)).map(|_| ()))
+    })
+    .await?;
+    let before = cluster.converged(&[0, 1, 2], Duration::from_secs(10)).await?;
+
+    cluster.nodes[follower].kill9()?;
+    cluster.nodes[follower] = cluster.nodes[follower].restart().await?;
+    let after = cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
+    ensure!(
+        n(&after, "applied_index")? >= n(&before, "applied_index")?,
+        "applied went back: {before} → {after}"
+    );
+    let (st, size) = cluster.api(follower).get("/api/t/purged/size?stale=true").await?;
+    ensure!(st == 200 && n(&size, "size")? == 196, "the restarted node's size: {st} {size}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_isolated_leader_serves_nothing_and_the_majority_carries_on() -> Result<()> {
     let cluster = Cluster::start(3, &[]).await?;
