@@ -240,6 +240,15 @@ async fn a_node_killed_after_purging_its_log_comes_back_to_the_same_state() -> R
     );
     let (st, size) = cluster.api(follower).get("/api/t/purged/size?stale=true").await?;
     ensure!(st == 200 && n(&size, "size")? == 196, "the restarted node's size: {st} {size}");
+    // Its state was on disk up to its snapshot at least: openraft did not have to install the
+    // snapshot file again at start-up, which it does for a state behind the snapshot.
+    let url = format!("{}/metrics", cluster.nodes[follower].url);
+    let metrics = reqwest::get(url).await?.text().await?;
+    let installs = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("delayd_snapshot_install_seconds_count "))
+        .context("no snapshot install count")?;
+    ensure!(installs.trim() == "0", "the restarted node installed {installs} snapshot(s)");
     Ok(())
 }
 

@@ -39,8 +39,9 @@
 //!   (`atomic_flush`), so the state a crash leaves is one batch boundary for every column
 //!   family. Building a snapshot flushes the state before the snapshot becomes current, and
 //!   openraft purges only entries a snapshot covers: the log never loses an entry the state
-//!   machine has not durably applied. A clean close flushes too (RocksDB does so on close
-//!   when writes skipped the WAL).
+//!   machine has not durably applied. Installing a snapshot flushes the state before it
+//!   clears it, so the key range it clears covers everything on disk. A clean close flushes
+//!   too (RocksDB does so on close when writes skipped the WAL).
 //! - Snapshot files are written to a temporary name, fsynced, renamed and the directory
 //!   fsynced; only then does the synced pointer in `raft_meta` name them. The current
 //!   snapshot is never replaced by an older one.
@@ -67,8 +68,9 @@
 //! ## Start-up
 //!
 //! The state machine here is persistent: `applied_state()` reads what the last apply (or
-//! install) wrote, which is never behind the current snapshot, so openraft never needs to
-//! restore it from a snapshot at start-up and replays the log from there.
+//! install) wrote, or after a crash what the last flush kept, which is never behind the
+//! current snapshot, so openraft never needs to restore it from a snapshot at start-up and
+//! replays the log from there.
 //!
 //! Data directories written by delayd on openraft 0.9 open unchanged: the log entries, vote,
 //! log ids, memberships and snapshot metadata keep their serialized layout in 0.10 (a test

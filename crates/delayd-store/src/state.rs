@@ -366,6 +366,12 @@ impl Shared {
         let file = File::open(&path).map_err(ctx_io("open snapshot to install"))?;
         let (_, mut reader) = SnapshotReader::new(file)?;
 
+        // `clear` deletes the key range it sees, and it sees the applies since the last flush,
+        // which are in no WAL: a key on disk that such an apply deleted (the last of its column
+        // family, or all of them) would fall outside the range, and a crash after the install
+        // would bring it back beside the snapshot's data. Flushed first, the state on disk is
+        // the state `clear` sees.
+        db::flush_state(db)?;
         let mut batch = WriteBatch::default();
         batch.put_cf(db::cf(db, CF_RAFT_META)?, meta_key::INSTALLING, codec::encode(record));
         for cf in Cf::ALL {
@@ -966,6 +972,38 @@ mod tests {
         assert_eq!(dump(&crashed), at_snapshot);
         apply_entries(&mut crashed, [second]).await.expect("re-apply");
         assert_eq!(dump(&crashed), dump(&sm), "re-applied from the log");
+    }
+
+    /// An install clears the key range it sees; keys on disk that an unflushed apply deleted
+    /// must not come back after a crash that follows the install.
+    #[tokio::test]
+    async fn a_crash_after_an_install_keeps_only_the_snapshot() {
+        use crate::test_entries::{cancel_entry, copy_tree, publish_entry};
+        let (leader_dir, dir) =
+            (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let (_log_l, mut sm_l) = open(leader_dir.path());
+        let entries = [
+            membership_ent::<TypeConfig>(1, 0, 1, voters(&[1])),
+            blank_ent::<TypeConfig>(1, 0, 2),
+            blank_ent::<TypeConfig>(1, 0, 3),
+        ];
+        apply_entries(&mut sm_l, entries).await.expect("apply");
+        let mut built = sm_l.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        let bytes = read_snapshot(&mut built).await;
+
+        // The follower's only job is on disk, then deleted by an apply that is in no WAL: its
+        // column families look empty to the install.
+        let data = dir.path().join("node");
+        let (_log, mut sm) = open(&data);
+        apply_entries(&mut sm, [publish_entry(1, 1, b"one".to_vec())]).await.expect("apply");
+        db::flush_state(&sm.shared.db).expect("flush");
+        apply_entries(&mut sm, [cancel_entry(1, 2, 1)]).await.expect("apply");
+        receive(&mut sm, &built.meta, &bytes).await.expect("install");
+        assert_eq!(dump(&sm), dump(&sm_l));
+
+        copy_tree(&data, &dir.path().join("crashed"));
+        let (_log, crashed) = open(&dir.path().join("crashed"));
+        assert_eq!(dump(&crashed), dump(&sm_l), "the deleted job came back");
     }
 
     #[tokio::test]

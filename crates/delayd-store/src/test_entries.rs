@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::Path;
 
-use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName};
+use delayd_core::{Command, Due, Entry, JobId, NewJob, QueueName, Target};
 use openraft::testing::log_id;
 use openraft::EntryPayload;
 
@@ -24,6 +24,16 @@ pub(crate) fn publish_entry(term: u64, index: u64, body: Vec<u8>) -> LogEntry {
         priority: 0,
     };
     let command = Command::Publish { queue: QueueName::new("ns", "q"), job };
+    openraft::Entry {
+        log_id: log_id::<TypeConfig>(term, 0, index),
+        payload: EntryPayload::Normal(Entry::new(1000, vec![command])),
+    }
+}
+
+/// Entry `index` of `term` (node 0), stamped at 1,000 ms, cancelling job `id` of `ns/q`.
+pub(crate) fn cancel_entry(term: u64, index: u64, id: u128) -> LogEntry {
+    let command =
+        Command::Cancel { queue: QueueName::new("ns", "q"), target: Target::Id(JobId(id)) };
     openraft::Entry {
         log_id: log_id::<TypeConfig>(term, 0, index),
         payload: EntryPayload::Normal(Entry::new(1000, vec![command])),
