@@ -183,6 +183,14 @@ impl Server {
         eventually(within, || async { Ok(self.reported_leader().await) }).await
     }
 
+    /// The value of the unlabelled series `name` in this node's `/metrics` (open with
+    /// `--dev`), or `None` when the node does not export it.
+    pub async fn metric(&self, name: &str) -> Result<Option<u64>> {
+        let text = reqwest::get(format!("{}/metrics", self.url)).await?.text().await?;
+        let prefix = format!("{name} ");
+        Ok(text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()))
+    }
+
     /// An HTTP client builder that trusts this node's CA, if it serves TLS.
     pub fn client_builder(&self) -> reqwest::ClientBuilder {
         let builder = reqwest::Client::builder();

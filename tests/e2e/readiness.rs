@@ -102,15 +102,6 @@ async fn ready_and_grpc_health_follow_the_leader_and_the_quorum() -> Result<()> 
     Ok(())
 }
 
-/// The `delayd_reserves_waiting` gauge of node index `i` (metrics are open with `--dev`).
-async fn reserves_waiting(cluster: &Cluster, i: usize) -> Result<Option<u64>> {
-    let text = reqwest::get(format!("{}/metrics", cluster.nodes[i].url)).await?.text().await?;
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix("delayd_reserves_waiting "))
-        .and_then(|v| v.trim().parse().ok()))
-}
-
 /// A leader stopped by SIGTERM with a consumer long-polling it for 600 s: the long-poll is
 /// answered "no job available" at once, leadership moves to another node without an
 /// election timeout, and the process exits well before the long-poll would have ended.
@@ -124,7 +115,8 @@ async fn sigterm_answers_long_polls_hands_over_and_exits() -> Result<()> {
         (answer, Instant::now())
     });
     eventually(Duration::from_secs(10), || async {
-        Ok((reserves_waiting(&cluster, leader).await? == Some(1)).then_some(()))
+        Ok((cluster.nodes[leader].metric("delayd_reserves_waiting").await? == Some(1))
+            .then_some(()))
     })
     .await
     .context("the long-poll never parked")?;

@@ -23,17 +23,17 @@ pub(crate) fn publish_entry(term: u64, index: u64, body: Vec<u8>) -> LogEntry {
         ttr_ms: 1000,
         priority: 0,
     };
-    let command = Command::Publish { queue: QueueName::new("ns", "q"), job };
-    openraft::Entry {
-        log_id: log_id::<TypeConfig>(term, 0, index),
-        payload: EntryPayload::Normal(Entry::new(1000, vec![command])),
-    }
+    command_entry(term, index, Command::Publish { queue: QueueName::new("ns", "q"), job })
 }
 
 /// Entry `index` of `term` (node 0), stamped at 1,000 ms, cancelling job `id` of `ns/q`.
 pub(crate) fn cancel_entry(term: u64, index: u64, id: u128) -> LogEntry {
-    let command =
-        Command::Cancel { queue: QueueName::new("ns", "q"), target: Target::Id(JobId(id)) };
+    let target = Target::Id(JobId(id));
+    command_entry(term, index, Command::Cancel { queue: QueueName::new("ns", "q"), target })
+}
+
+/// Entry `index` of `term` (node 0), stamped at 1,000 ms, carrying `command` alone.
+fn command_entry(term: u64, index: u64, command: Command) -> LogEntry {
     openraft::Entry {
         log_id: log_id::<TypeConfig>(term, 0, index),
         payload: EntryPayload::Normal(Entry::new(1000, vec![command])),
