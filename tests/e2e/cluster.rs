@@ -243,6 +243,33 @@ async fn a_node_killed_after_purging_its_log_comes_back_to_the_same_state() -> R
     Ok(())
 }
 
+/// Applies skip RocksDB's WAL, so a node re-applies at start whatever it applied after the
+/// last flush; a node stopped on purpose flushes last and has nothing to re-apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_stopped_gracefully_has_nothing_to_apply_again_at_start() -> Result<()> {
+    let mut cluster = Cluster::start(3, &[]).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let follower = (0..3).find(|i| *i != leader).context("no follower")?;
+    let api = cluster.api(leader);
+    for i in 0..50 {
+        let (st, _) = api.put("/api/t/stopped?delay=0", format!("v{i}")).await?;
+        ensure!(st == 201);
+    }
+    cluster.converged(&[0, 1, 2], Duration::from_secs(10)).await?;
+    let applied = cluster.nodes[follower].metric("delayd_apply_seconds_count").await?;
+    ensure!(applied.is_some_and(|n| n > 0), "the follower applied {applied:?} batches");
+
+    let status = cluster.nodes[follower].terminate()?;
+    ensure!(status.success(), "the follower's graceful stop: {status}");
+    cluster.nodes[follower] = cluster.nodes[follower].restart().await?;
+    cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
+    let (st, size) = cluster.api(follower).get("/api/t/stopped/size?stale=true").await?;
+    ensure!(st == 200 && n(&size, "size")? == 50, "the restarted node's size: {st} {size}");
+    let reapplied = cluster.nodes[follower].metric("delayd_apply_seconds_count").await?;
+    ensure!(reapplied == Some(0), "the restarted node applied {reapplied:?} batches again");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_isolated_leader_serves_nothing_and_the_majority_carries_on() -> Result<()> {
     let cluster = Cluster::start(3, &[]).await?;

@@ -40,9 +40,10 @@
 //!   family. Building a snapshot flushes the state before the snapshot becomes current, and
 //!   openraft purges only entries a snapshot covers: the log never loses an entry the state
 //!   machine has not durably applied. Installing a snapshot flushes the state before it
-//!   clears it, so the key range it clears covers everything on disk. A stopping node does
-//!   not flush (its process exits without closing the database), so a restart re-applies
-//!   from the last flush whether the stop was clean or a crash.
+//!   clears it, so the key range it clears covers everything on disk. A node that stops on
+//!   purpose flushes once Raft has stopped ([`StateReader::flush`]; RocksDB also flushes
+//!   unlogged writes when the database closes), so its next start has nothing to re-apply;
+//!   after a crash the start re-applies from the last flush.
 //! - Snapshot files are written to a temporary name, fsynced, renamed and the directory
 //!   fsynced; only then does the synced pointer in `raft_meta` name them. The current
 //!   snapshot is never replaced by an older one.

@@ -516,6 +516,15 @@ impl StateReader {
     pub fn set_listener(&self, listener: ApplyListener) {
         *self.shared.listener.write().unwrap_or_else(PoisonError::into_inner) = Some(listener);
     }
+
+    /// Writes the applied state to disk, every column family at the same applied batch, and
+    /// returns once it is durable. Applies skip RocksDB's WAL, so a node that starts again
+    /// re-applies from its log whatever it applied after the last flush; a node that stops on
+    /// purpose calls this once Raft has stopped, and its next start has nothing to re-apply.
+    /// Blocking: call it off the async workers.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        db::flush_state(&self.shared.db)
+    }
 }
 
 /// Builds snapshots for openraft, concurrently with apply: everything it reads comes from one
