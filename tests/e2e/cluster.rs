@@ -377,6 +377,47 @@ async fn a_new_node_catches_up_by_snapshot_then_the_leader_is_removed() -> Resul
     Ok(())
 }
 
+/// A leader stopped while no other voter answers does not wait for a hand-over that cannot
+/// happen; the others elect a leader once they are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_stopped_with_its_followers_gone_skips_the_hand_over() -> Result<()> {
+    let mut cluster = Cluster::start(3, &[]).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let (st, job) = cluster.api(leader).put("/api/t/alone?delay=3600", "kept").await?;
+    ensure!(st == 201, "{job}");
+    for i in &followers {
+        cluster.nodes[*i].signal("STOP")?;
+    }
+    // Past its lease the leader knows no voter has answered lately.
+    let api = cluster.api(leader);
+    eventually(Duration::from_secs(10), || async {
+        let (st, r) = api.get("/ready").await?;
+        Ok((st == 503 && r.to_string().contains("no quorum")).then_some(()))
+    })
+    .await?;
+    let status = cluster.nodes[leader].terminate()?;
+    ensure!(status.success(), "exit {status:?}");
+    let log = cluster.nodes[leader].log_text();
+    ensure!(
+        log.contains("no other voter has answered within"),
+        "the stop did not skip the hand-over:\n{log}"
+    );
+    for i in &followers {
+        cluster.nodes[*i].signal("CONT")?;
+    }
+    // They name the stopped leader until one of them is elected.
+    let new_leader = eventually(Duration::from_secs(15), || async {
+        let seen = cluster.leader_among(&followers, Duration::from_secs(1)).await.ok();
+        Ok(seen.filter(|l| followers.contains(l)))
+    })
+    .await?;
+    let (st, got) =
+        cluster.api(new_leader).get(&format!("/api/t/alone/job/{}", s(&job, "job_id")?)).await?;
+    ensure!(st == 200, "{got}");
+    Ok(())
+}
+
 /// SIGTERM of the leader of real processes: it hands leadership over before it exits (its
 /// log says to whom), the new leader is elected in the next term, and every job acknowledged
 /// before and after is on the survivors.

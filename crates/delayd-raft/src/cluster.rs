@@ -17,7 +17,9 @@ use delayd_store::{
 };
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{InitializeError, LinearizableReadError, RaftError};
-use openraft::{BasicNode, ChangeMembers, LinearizerOption, RaftMetrics, ReadPolicy, ServerState};
+use openraft::{
+    BasicNode, ChangeMembers, Instant as _, LinearizerOption, RaftMetrics, ReadPolicy, ServerState,
+};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -499,9 +501,17 @@ impl Cluster {
                 )))
             }
             Some(to) => to,
-            None => most_caught_up(&metrics, me, &voters).ok_or_else(|| {
-                ClusterError::BadRequest("no other voter to hand leadership to".into())
-            })?,
+            None => {
+                // A voter that has not answered lately cannot take over within the timeout
+                // (the last node of a cluster being stopped, or one cut off): waiting for it
+                // would only hold the stop up.
+                let recent = Duration::from_millis(self.inner.config.timing.election_timeout_ms.1);
+                most_caught_up(&metrics, me, &voters, recent).ok_or_else(|| {
+                    ClusterError::BadRequest(format!(
+                        "no other voter has answered within {recent:?} to hand leadership to"
+                    ))
+                })?
+            }
         };
         self.inner
             .raft
@@ -750,16 +760,22 @@ impl Cluster {
     }
 }
 
-/// The voter other than `me` whose log matches the leader's furthest.
+/// The voter other than `me` whose log matches the leader's furthest, of those that answered
+/// the leader within `recent`.
 fn most_caught_up(
     metrics: &RaftMetrics<TypeConfig>,
     me: u64,
     voters: &BTreeSet<u64>,
+    recent: Duration,
 ) -> Option<u64> {
     let replication = metrics.replication.as_ref()?;
+    let heartbeat = metrics.heartbeat.as_ref()?;
+    let answered = |id: &u64| {
+        heartbeat.get(id).and_then(|at| at.as_ref()).is_some_and(|at| at.elapsed() <= recent)
+    };
     voters
         .iter()
-        .filter(|id| **id != me)
+        .filter(|id| **id != me && answered(id))
         .max_by_key(|id| replication.get(id).and_then(|m| m.as_ref().map(|l| l.index)))
         .copied()
 }
