@@ -239,8 +239,8 @@ pub enum ClusterCmd {
         /// Raft node id.
         id: u64,
     },
-    /// Hand leadership to a voter (the most caught-up one without `--to`), e.g. before
-    /// taking the leader down for maintenance.
+    /// Hand leadership to a voter (without `--to`, the most caught-up one that has answered
+    /// the leader lately), e.g. before taking the leader down for maintenance.
     Transfer {
         /// The voter that should lead.
         #[arg(long)]

@@ -337,8 +337,10 @@ impl Cluster {
                 abort.abort();
             }
         }
-        // Raft has stopped applying: write what it applied to disk, so the next start does
-        // not re-apply it from the log (applies skip RocksDB's WAL). RocksDB flushes such
+        // Raft has stopped: write what was applied to disk, so the next start does not
+        // re-apply it from the log (applies skip RocksDB's WAL). openraft does not wait for
+        // its state-machine worker, so an apply still queued may land after this flush; it
+        // is then re-applied at the next start, and nothing is lost. RocksDB flushes such
         // writes when the database closes too, but only once every handle to it is dropped,
         // which a task abandoned above would prevent. Skipping both loses nothing; the next
         // start only re-applies more.
@@ -501,16 +503,37 @@ impl Cluster {
                 )))
             }
             Some(to) => to,
+            None if voters.iter().all(|v| *v == me) => {
+                return Err(ClusterError::BadRequest("no other voter to hand leadership to".into()))
+            }
             None => {
                 // A voter that has not answered lately cannot take over within the timeout
-                // (the last node of a cluster being stopped, or one cut off): waiting for it
-                // would only hold the stop up.
+                // (the last node of a cluster being stopped, or one cut off): waiting
+                // `transfer_timeout_ms` for it would only hold the stop up. A leader elected
+                // a moment ago has heard from no one yet, so the voters get one such span
+                // to answer before the hand-over is given up.
                 let recent = Duration::from_millis(self.inner.config.timing.election_timeout_ms.1);
-                most_caught_up(&metrics, me, &voters, recent).ok_or_else(|| {
-                    ClusterError::BadRequest(format!(
+                let none = || {
+                    ClusterError::Unavailable(format!(
                         "no other voter has answered within {recent:?} to hand leadership to"
                     ))
-                })?
+                };
+                match most_caught_up(&metrics, me, &voters, recent) {
+                    Some(to) => to,
+                    None => {
+                        let answered = self
+                            .inner
+                            .raft
+                            .wait(Some(recent))
+                            .metrics(
+                                |m| most_caught_up(m, me, &voters, recent).is_some(),
+                                "a voter answers",
+                            )
+                            .await
+                            .map_err(|_| none())?;
+                        most_caught_up(&answered, me, &voters, recent).ok_or_else(none)?
+                    }
+                }
             }
         };
         self.inner

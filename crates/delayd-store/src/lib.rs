@@ -42,8 +42,8 @@
 //!   machine has not durably applied. Installing a snapshot flushes the state before it
 //!   clears it, so the key range it clears covers everything on disk. A node that stops on
 //!   purpose flushes once Raft has stopped ([`StateReader::flush`]; RocksDB also flushes
-//!   unlogged writes when the database closes), so its next start has nothing to re-apply;
-//!   after a crash the start re-applies from the last flush.
+//!   unlogged writes when the database closes), so its next start normally has nothing to
+//!   re-apply; after a crash the start re-applies from the last flush.
 //! - Snapshot files are written to a temporary name, fsynced, renamed and the directory
 //!   fsynced; only then does the synced pointer in `raft_meta` name them. The current
 //!   snapshot is never replaced by an older one.

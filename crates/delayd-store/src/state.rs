@@ -520,7 +520,9 @@ impl StateReader {
     /// Writes the applied state to disk, every column family at the same applied batch, and
     /// returns once it is durable. Applies skip RocksDB's WAL, so a node that starts again
     /// re-applies from its log whatever it applied after the last flush; a node that stops on
-    /// purpose calls this once Raft has stopped, and its next start has nothing to re-apply.
+    /// purpose calls this once Raft has stopped, and its next start normally has nothing to
+    /// re-apply. Safe at any moment: an atomic flush keeps every column family at one
+    /// applied batch, so an apply landing during or after it is only re-applied later.
     /// Blocking: call it off the async workers.
     pub fn flush(&self) -> Result<(), StoreError> {
         db::flush_state(&self.shared.db)
