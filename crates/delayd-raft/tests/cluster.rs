@@ -280,6 +280,37 @@ async fn a_follower_stops_promptly_while_its_leader_streams_to_it() -> Result {
     Ok(())
 }
 
+/// A node stopped on purpose leaves its applied state on disk although the state machine's
+/// writes skip RocksDB's WAL, and even while something still holds its database open (which
+/// keeps RocksDB from flushing at close): its files, copied after the stop, say it applied
+/// everything it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_leaves_what_it_applied_on_disk() -> Result {
+    use openraft::storage::RaftStateMachine;
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
+    for _ in 0..3 {
+        c.publish(leader).await?;
+    }
+    let last = c.node(leader).metrics().last_log_index;
+    c.wait(follower, "applies everything", |n| n.metrics().last_applied.map(|l| l.index) >= last)
+        .await?;
+    let applied = c.node(follower).metrics().last_applied.map(|l| l.index);
+    let held = c.node(follower).reader().clone();
+    c.stop(follower).await;
+    let copy = tempfile::tempdir()?;
+    let from = c.dirs[follower as usize - 1].path().join(".");
+    let copied = std::process::Command::new("cp").arg("-a").arg(from).arg(copy.path()).status()?;
+    assert!(copied.success(), "cp: {copied}");
+    drop(held);
+    let (_log, mut state) = delayd_store::Store::open(copy.path())?;
+    let (on_disk, _) = state.applied_state().await?;
+    assert_eq!(on_disk.map(|l| l.index), applied, "applied on disk after the stop");
+    c.stop_all().await;
+    Ok(())
+}
+
 /// The operator's transfer: to a named voter from any node, and refused for a non-voter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_moves_to_a_named_voter_on_request() -> Result {
