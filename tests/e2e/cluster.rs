@@ -232,10 +232,7 @@ async fn a_node_killed_after_purging_its_log_comes_back_to_the_same_state() -> R
     cluster.converged(&[0, 1, 2], Duration::from_secs(10)).await?;
 
     cluster.nodes[follower].kill9()?;
-    cluster.nodes[follower] = cluster.nodes[follower].restart().await?;
-    cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
-    let (st, size) = cluster.api(follower).get("/api/t/purged/size?stale=true").await?;
-    ensure!(st == 200 && n(&size, "size")? == 196, "the restarted node's size: {st} {size}");
+    restart_and_converge(&mut cluster, follower, "purged", 196).await?;
     // Its state was on disk up to its snapshot at least: openraft did not have to install the
     // snapshot file again at start-up, which it does for a state behind the snapshot.
     let installs = cluster.nodes[follower].metric("delayd_snapshot_install_seconds_count").await?;
@@ -261,12 +258,24 @@ async fn a_node_stopped_gracefully_has_nothing_to_apply_again_at_start() -> Resu
 
     let status = cluster.nodes[follower].terminate()?;
     ensure!(status.success(), "the follower's graceful stop: {status}");
-    cluster.nodes[follower] = cluster.nodes[follower].restart().await?;
-    cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
-    let (st, size) = cluster.api(follower).get("/api/t/stopped/size?stale=true").await?;
-    ensure!(st == 200 && n(&size, "size")? == 50, "the restarted node's size: {st} {size}");
+    restart_and_converge(&mut cluster, follower, "stopped", 50).await?;
     let reapplied = cluster.nodes[follower].metric("delayd_apply_seconds_count").await?;
     ensure!(reapplied == Some(0), "the restarted node applied {reapplied:?} batches again");
+    Ok(())
+}
+
+/// Starts the stopped node at index `i` again, waits until all three agree, and checks that
+/// its replica of queue `t/{queue}` holds `size` jobs.
+async fn restart_and_converge(
+    cluster: &mut Cluster,
+    i: usize,
+    queue: &str,
+    size: u64,
+) -> Result<()> {
+    cluster.nodes[i] = cluster.nodes[i].restart().await?;
+    cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
+    let (st, got) = cluster.api(i).get(&format!("/api/t/{queue}/size?stale=true")).await?;
+    ensure!(st == 200 && n(&got, "size")? == size, "the restarted node's size: {st} {got}");
     Ok(())
 }
 

@@ -348,8 +348,7 @@ impl Cluster {
         let started = Instant::now();
         match tokio::task::spawn_blocking(move || reader.flush()).await {
             Ok(Ok(())) => tracing::info!(took = ?started.elapsed(), "state flushed"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "state flush at shutdown"),
-            Err(e) => tracing::warn!(error = %e, "state flush at shutdown"),
+            failed => tracing::warn!(outcome = ?failed, "state flush at shutdown failed"),
         }
     }
 
@@ -518,22 +517,18 @@ impl Cluster {
                         "no other voter has answered within {recent:?} to hand leadership to"
                     ))
                 };
-                match most_caught_up(&metrics, me, &voters, recent) {
-                    Some(to) => to,
-                    None => {
-                        let answered = self
-                            .inner
-                            .raft
-                            .wait(Some(recent))
-                            .metrics(
-                                |m| most_caught_up(m, me, &voters, recent).is_some(),
-                                "a voter answers",
-                            )
-                            .await
-                            .map_err(|_| none())?;
-                        most_caught_up(&answered, me, &voters, recent).ok_or_else(none)?
-                    }
-                }
+                // Returns at once when a voter has answered already.
+                let answered = self
+                    .inner
+                    .raft
+                    .wait(Some(recent))
+                    .metrics(
+                        |m| most_caught_up(m, me, &voters, recent).is_some(),
+                        "a voter answers",
+                    )
+                    .await
+                    .map_err(|_| none())?;
+                most_caught_up(&answered, me, &voters, recent).ok_or_else(none)?
             }
         };
         self.inner
