@@ -427,6 +427,40 @@ async fn a_leader_stopped_with_its_followers_gone_skips_the_hand_over() -> Resul
     Ok(())
 }
 
+/// A follower that stops answering is news once, not at every heartbeat: the leader logs it
+/// when the follower has failed every call for a second, lets openraft's per-call warnings
+/// through only as a sample, and logs once more when the follower answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_that_stops_answering_is_logged_once_and_once_back() -> Result<()> {
+    let cluster = Cluster::start(3, &[]).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let away = (0..3).find(|i| *i != leader).context("a follower")?;
+    let peer = format!("peer={}", cluster.nodes[away].id);
+    let lost = |log: &str| {
+        log.lines().filter(|l| l.contains("peer does not answer") && l.contains(&peer)).count()
+    };
+    cluster.nodes[away].signal("STOP")?;
+    eventually(Duration::from_secs(10), || async {
+        Ok((lost(&cluster.nodes[leader].log_text()) > 0).then_some(()))
+    })
+    .await?;
+    // What must not happen needs a window: 40 more heartbeats.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.nodes[away].signal("CONT")?;
+    eventually(Duration::from_secs(10), || async {
+        let log = cluster.nodes[leader].log_text();
+        Ok(log.lines().any(|l| l.contains("peer answers again") && l.contains(&peer)).then_some(()))
+    })
+    .await?;
+    let log = cluster.nodes[leader].log_text();
+    ensure!(lost(&log) == 1, "the loss was not logged exactly once:\n{log}");
+    for repeating in ["failed to send a heartbeat", "recv RPCError", "update progress error"] {
+        let n = log.lines().filter(|l| l.contains(repeating)).count();
+        ensure!(n <= 1, "{n} lines of {repeating:?} in 4 s, where one is let through:\n{log}");
+    }
+    Ok(())
+}
+
 /// SIGTERM of the leader of real processes: it hands leadership over before it exits (its
 /// log says to whom), the new leader is elected in the next term, and every job acknowledged
 /// before and after is on the survivors.

@@ -20,7 +20,8 @@
 //! - the node's **clock** ([`clock`]), which stamps entries;
 //! - the **transport** ([`network`], the client side; [`server`], the server side): Raft and
 //!   forwarding over gRPC between nodes, with a cluster credential, and a fault filter
-//!   ([`faults`]) that tests use to cut and slow links in process.
+//!   ([`faults`]) that tests use to cut and slow links in process; a peer that stops
+//!   answering is logged once per change (`links`), not at every failed call.
 //!
 //! ## The boundary
 //!
@@ -48,6 +49,7 @@ pub mod faults;
 mod fold;
 pub mod forward;
 pub mod identity;
+mod links;
 pub mod metrics;
 pub mod network;
 pub mod propose;

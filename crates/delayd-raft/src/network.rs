@@ -116,6 +116,7 @@ use tonic::{Code, Status, Streaming};
 use crate::faults::{FaultFilter, Verdict};
 use crate::fold::{fold_commits, stand_in_answer, Folded, Ledger, COMMIT_HOLD};
 use crate::identity::Identity;
+use crate::links::{Links, Watch};
 use crate::metrics::ReplicationMetrics;
 use crate::tls::{peer_connector, Tls};
 
@@ -161,6 +162,8 @@ pub struct GrpcNetwork {
     identity: Identity,
     /// What replication puts on the wire.
     metrics: ReplicationMetrics,
+    /// Which peers answer, for the log.
+    links: Arc<Links>,
 }
 
 /// Why [`GrpcNetwork::forward`] failed.
@@ -365,8 +368,11 @@ impl GrpcConnection {
     {
         let mut client = self.client()?;
         let ttl = option.hard_ttl();
+        let mut watch = Watch::new(self.network.links.clone(), self.target);
         if let Err(dropped) = self.network.fault(self.target, method).await {
-            return Err(RPCError::Unreachable(Unreachable::new(&io_error(&dropped))));
+            let dropped = io_error(&dropped);
+            watch.failed(&dropped);
+            return Err(RPCError::Unreachable(Unreachable::new(&dropped)));
         }
         let mut request = tonic::Request::new(RaftRequest { payload });
         request.set_timeout(ttl);
@@ -379,17 +385,21 @@ impl GrpcConnection {
                 _ => client.transfer_leader(request).await,
             }
         };
-        let reply: RaftReply = match tokio::time::timeout(ttl, call).await {
-            Ok(Ok(reply)) => reply.into_inner(),
-            Ok(Err(status)) => return Err(status_error(status)),
+        let reply = match tokio::time::timeout(ttl, call).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => Err(status_error(status)),
             Err(_) => {
                 let msg = format!("{method:?} to node {} got no reply within {ttl:?}", self.target);
-                return Err(RPCError::Network(NetworkError::new(&io_error(&msg))));
+                Err(RPCError::Network(NetworkError::new(&io_error(&msg))))
             }
         };
+        match &reply {
+            Ok(_) => watch.answered(),
+            Err(e) => watch.failed(e),
+        }
         // A reply this build cannot read comes from a peer running an incompatible version:
         // retrying at once would fail the same way.
-        decode(&reply.payload).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+        decode(&reply?.payload).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
     }
 
     /// A call whose receiver answers `Result<T, RaftError>`: a receiver that stopped (the only
@@ -433,6 +443,8 @@ struct Replies {
     /// How long a reply may take while a request is outstanding.
     patience: Duration,
     target: NodeId,
+    /// Whether the peer answers, for the log (see [`Watch`]).
+    watch: Watch,
 }
 
 impl GrpcConnection {
@@ -484,6 +496,9 @@ impl GrpcConnection {
         // No gRPC deadline: the call lives as long as this node leads and the peer answers.
         let mut request = tonic::Request::new(requests);
         self.network.sign(&mut request);
+        // Settled by the first reply; openraft dropping the stream before one (a heartbeat
+        // not answered in time) counts as a failed call.
+        let mut watch = Watch::new(self.network.links.clone(), target);
         let replies = match tokio::time::timeout(patience, client.stream_append(request)).await {
             Ok(Ok(replies)) => replies.into_inner(),
             Ok(Err(status)) if status.code() == Code::Unimplemented => {
@@ -495,9 +510,13 @@ impl GrpcConnection {
                 self.unary_only = true;
                 return Err(status_error(status));
             }
-            Ok(Err(status)) => return Err(status_error(status)),
+            Ok(Err(status)) => {
+                watch.failed(&status);
+                return Err(status_error(status));
+            }
             Err(_) => {
                 let msg = format!("no append stream to node {target} within {patience:?}");
+                watch.failed(&msg);
                 return Err(RPCError::Network(NetworkError::new(&io_error(&msg))));
             }
         };
@@ -508,6 +527,7 @@ impl GrpcConnection {
             answered: VecDeque::new(),
             patience,
             target,
+            watch,
         });
         Ok(Box::pin(futures::stream::unfold(state, |state| async move {
             let mut state = state?;
@@ -532,18 +552,30 @@ impl Replies {
             // the stream is idle for as long as the leader has nothing to send.
             let waiting_for_reply = self.progress.sent.load(Ordering::Relaxed) > self.received;
             let reply = match tokio::time::timeout(self.patience, self.replies.message()).await {
-                Ok(Ok(Some(reply))) => reply,
+                Ok(Ok(Some(reply))) => {
+                    self.watch.answered();
+                    reply
+                }
                 Ok(Ok(None)) if self.progress.dropped.load(Ordering::Relaxed) => {
                     let msg = format!("AppendEntries to node {} dropped", self.target);
+                    self.watch.failed(&msg);
                     return Some(Err(RPCError::Unreachable(Unreachable::new(&io_error(&msg)))));
                 }
-                Ok(Ok(None)) => return None,
-                Ok(Err(status)) => return Some(Err(status_error(status))),
+                Ok(Ok(None)) => {
+                    // The peer ended the stream: it is there.
+                    self.watch.answered();
+                    return None;
+                }
+                Ok(Err(status)) => {
+                    self.watch.failed(&status);
+                    return Some(Err(status_error(status)));
+                }
                 Err(_) if waiting_for_reply => {
                     let msg = format!(
                         "AppendEntries to node {} got no reply within {:?}",
                         self.target, self.patience
                     );
+                    self.watch.failed(&msg);
                     return Some(Err(RPCError::Network(NetworkError::new(&io_error(&msg)))));
                 }
                 Err(_) => continue,

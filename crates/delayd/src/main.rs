@@ -2,6 +2,7 @@
 //! `./data`, serving lmstfy's HTTP API on port 7777.
 
 mod probe;
+mod repeats;
 mod restore;
 mod settings;
 
@@ -11,6 +12,7 @@ use anyhow::Context;
 use clap::Parser;
 use delayd_server::config::BuildInfo;
 use delayd_server::Node;
+use repeats::Repeats;
 use settings::Settings;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
@@ -120,9 +122,12 @@ async fn main() -> anyhow::Result<()> {
 /// field directives, and for those it takes a lock on every enter and exit of every span:
 /// work each HTTP request paid for nothing (about 1 % of a leader's CPU under publish load).
 /// Only a filter with such directives gets it.
+///
+/// openraft's warnings that repeat for every failed call to an absent peer are sampled
+/// ([`repeats`]).
 fn init_logging(settings: &Settings) -> anyhow::Result<()> {
     let (targets, env) = log_filter(settings.log_level.as_deref().unwrap_or("info"))?;
-    let logs = tracing_subscriber::registry().with(targets).with(env);
+    let logs = tracing_subscriber::registry().with(targets).with(env).with(Repeats::default());
     if settings.log_json == Some(true) {
         logs.with(fmt::layer().json().with_current_span(true)).init();
     } else {
