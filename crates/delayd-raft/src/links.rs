@@ -35,6 +35,8 @@ pub(crate) struct Links {
 #[derive(Debug)]
 struct Failing {
     since: Instant,
+    /// The last failed call.
+    last: Instant,
     failed: u64,
     /// When it was last reported lost; `None` while it has not been.
     reported: Option<Instant>,
@@ -66,7 +68,14 @@ impl Links {
     /// Records that a call to `peer` failed at `now`.
     pub(crate) fn failed(&self, peer: NodeId, now: Instant) -> Option<Change> {
         let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
-        let f = failing.entry(peer).or_insert(Failing { since: now, failed: 0, reported: None });
+        let fresh = Failing { since: now, last: now, failed: 0, reported: None };
+        let f = failing.entry(peer).or_insert(fresh);
+        // A node calls its peers only while it leads or campaigns: failures further apart
+        // than that are separate blips, unless the peer is already reported lost.
+        if f.reported.is_none() && now.duration_since(f.last) > LOST_AFTER {
+            *f = Failing { since: now, last: now, failed: 0, reported: None };
+        }
+        f.last = now;
         f.failed += 1;
         let down_for = now.duration_since(f.since);
         match f.reported {
@@ -165,6 +174,11 @@ mod tests {
         assert_eq!(links.answered(2, t0 + 600 * MS), None);
         // Forgotten: the next failure starts a new count.
         assert_eq!(links.failed(2, t0 + 1_700 * MS), None);
+        // Failures far apart (this node stopped calling in between) are blips too.
+        assert_eq!(links.failed(2, t0 + 5_000 * MS), None);
+        assert_eq!(links.failed(2, t0 + 20_000 * MS), None);
+        let lost = links.failed(2, t0 + 21_000 * MS);
+        assert_eq!(lost, Some(Change::Lost { down_for: 1_000 * MS, failed: 2 }));
     }
 
     #[test]
