@@ -390,7 +390,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 self.reserve_urgent(queues, *count, *ttr_ms, *lease_seed).map(Ok)
             }
             Command::ReserveJob { queue, id, ttr_ms, lease_seed } => {
-                let Some(mut job) = self.job_in(queue, *id)? else {
+                let Some(job) = self.job_in(queue, *id)? else {
                     return Ok(Err(Rejection::JobNotFound));
                 };
                 if job.state == JobState::Reserved {
@@ -401,7 +401,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     // Out of the dead letter, the job's ttl applies again.
                     self.set_expiry(&job, true)?;
                 }
-                let delivery = self.lease_out(&mut job, *ttr_ms, lease_token(*lease_seed, 0))?;
+                let delivery = self.lease_out(job, *ttr_ms, lease_token(*lease_seed, 0))?;
                 Ok(Ok(Reply::Reserved(vec![delivery])))
             }
             Command::Kick { queue, limit } => self.kick(queue, *limit).map(Ok),
@@ -489,7 +489,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             let floor = keys::floor(queue);
             self.kv.put(Cf::Meta, floor.clone(), next);
             for (key, id) in &ready {
-                let Some(mut job) = self.load(*id)? else {
+                let Some(job) = self.load(*id)? else {
                     // An index entry without its job: the floor steps past it, so the
                     // read-ahead, which still holds it, is dropped.
                     self.forget_ahead(queue);
@@ -504,7 +504,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                     break 'queues;
                 }
                 let token = lease_token(seed, out.len() as u64);
-                out.push(self.lease_out(&mut job, ttr_ms, token)?);
+                out.push(self.lease_out(job, ttr_ms, token)?);
                 self.left_index(queue, key);
             }
         }
@@ -541,7 +541,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 }
             }
             let Some((_, queue, key, id, next)) = best else { break };
-            let Some(mut job) = self.load(id)? else {
+            let Some(job) = self.load(id)? else {
                 // An index entry without its job cannot be taken: step past it.
                 self.kv.put(Cf::Meta, keys::floor(queue), next);
                 self.forget_ahead(queue);
@@ -553,7 +553,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             }
             self.kv.put(Cf::Meta, keys::floor(queue), next);
             let token = lease_token(seed, out.len() as u64);
-            out.push(self.lease_out(&mut job, ttr_ms, token)?);
+            out.push(self.lease_out(job, ttr_ms, token)?);
             self.left_index(queue, &key);
         }
         Ok(Reply::Reserved(out))
@@ -562,18 +562,18 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     /// Hands `job` (out of whatever index it is in) to a consumer under lease `token`.
     fn lease_out(
         &mut self,
-        job: &mut Job,
+        mut job: Job,
         ttr_ms: Option<u64>,
         token: u64,
     ) -> Result<Delivery, KvError> {
-        self.unindex(job)?;
+        self.unindex(&job)?;
         job.attempts = job.attempts.saturating_add(1);
         let ttr = ttr_ms.unwrap_or(job.ttr_ms);
         job.lease = Some(Lease { token, deadline_ms: self.now.saturating_add(ttr), ttr_ms: ttr });
         job.state = JobState::Reserved;
-        self.index(job)?;
+        self.index(&mut job)?;
         self.effects.count(&job.queue, |e| &mut e.reserved);
-        Ok(Delivery { job: job.clone(), lease: token })
+        Ok(Delivery { job, lease: token })
     }
 
     /// Kicks up to `limit` dead jobs of `queue`, or delayed ones when none is dead.
