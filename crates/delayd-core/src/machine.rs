@@ -159,8 +159,11 @@ pub fn apply<R: KvRead + ?Sized>(
         loaded_bytes: Cell::new(0),
         ahead: Vec::new(),
         demand_left: demand,
+        metas: Vec::new(),
     };
-    entry.commands.iter().map(|c| tx.command(c)).collect()
+    let outcomes = entry.commands.iter().map(|c| tx.command(c)).collect();
+    tx.write_metas();
+    outcomes
 }
 
 /// How many ready jobs a command may take from the heads of ready indexes.
@@ -232,6 +235,12 @@ struct Tx<'t, 'a, R: KvRead + ?Sized> {
     /// Jobs the entry's reserves after the current command may still take: how far a scan of
     /// a ready index reads ahead.
     demand_left: u64,
+    /// The metadata of the queues the entry has touched, decoded, and whether it changed: a
+    /// reserve or an ack changes its queue's counts once or twice per job, and each change
+    /// was a read, a decode, an encode and a write of the same record. Read once per entry,
+    /// written back once when the entry is done ([`Tx::write_metas`]); nothing else reads or
+    /// writes the column family during an entry.
+    metas: Vec<(QueueName, QueueMeta, bool)>,
 }
 
 type Result2<T> = Result<Result<T, Rejection>, KvError>;
@@ -350,7 +359,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
                 if !paused && meta.count(JobState::Ready) > 0 {
                     self.effects.made_ready(queue, meta.count(JobState::Ready));
                 }
-                self.save_meta(queue, &meta);
+                self.save_meta(queue, meta)?;
                 Ok(Ok(Reply::Done))
             }
             Command::Destroy { queue, all } => {
@@ -1281,24 +1290,47 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         }
     }
 
-    fn meta(&self, queue: &QueueName) -> Result<QueueMeta, KvError> {
-        Ok(self
-            .kv
-            .get(Cf::Queues, &keys::queue(queue))?
-            .map(|v| decode(&v))
-            .transpose()?
-            .unwrap_or_default())
+    /// The queue's metadata as the entry has left it so far (see [`Tx::metas`]).
+    fn meta(&mut self, queue: &QueueName) -> Result<QueueMeta, KvError> {
+        self.meta_mut(queue).map(|(meta, _)| meta.clone())
     }
 
-    fn save_meta(&mut self, queue: &QueueName, meta: &QueueMeta) {
-        self.kv.put(Cf::Queues, keys::queue(queue), encode(meta));
+    /// The queue's metadata in the entry's cache and whether it changed, read on first use.
+    fn meta_mut(&mut self, queue: &QueueName) -> Result<(&mut QueueMeta, &mut bool), KvError> {
+        let i = match self.metas.iter().position(|(q, ..)| q == queue) {
+            Some(i) => i,
+            None => {
+                let stored = self.kv.get(Cf::Queues, &keys::queue(queue))?;
+                let meta = stored.map(|v| decode(&v)).transpose()?.unwrap_or_default();
+                self.metas.push((queue.clone(), meta, false));
+                self.metas.len() - 1
+            }
+        };
+        let (_, meta, changed) = &mut self.metas[i];
+        Ok((meta, changed))
+    }
+
+    fn save_meta(&mut self, queue: &QueueName, meta: QueueMeta) -> Result<(), KvError> {
+        let (cached, changed) = self.meta_mut(queue)?;
+        *cached = meta;
+        *changed = true;
+        Ok(())
+    }
+
+    /// Writes the metadata the entry changed into the overlay.
+    fn write_metas(&mut self) {
+        for (queue, meta, changed) in std::mem::take(&mut self.metas) {
+            if changed {
+                self.kv.put(Cf::Queues, keys::queue(&queue), encode(&meta));
+            }
+        }
     }
 
     fn count(&mut self, queue: &QueueName, state: JobState, delta: i64) -> Result<(), KvError> {
-        let mut meta = self.meta(queue)?;
+        let (meta, changed) = self.meta_mut(queue)?;
         let c = &mut meta.counts[state.index()];
         *c = c.saturating_add_signed(delta);
-        self.save_meta(queue, &meta);
+        *changed = true;
         Ok(())
     }
 

@@ -1,17 +1,20 @@
 //! Whether each peer answers this node's Raft calls, logged when that changes.
 //!
-//! While a peer is away, every call to it fails: a leader's heartbeat every 75 ms, and each
-//! replication retry. openraft logs a warning for each failure, a dozen lines a second for as
+//! While a peer is away, every call to it fails: a leader's heartbeat (every 75 ms by
+//! default), and each replication retry. openraft logs a warning for each failure, a dozen lines a second for as
 //! long as the peer is down (the node's log setup lets only a sample of those through). This
 //! module keeps the node's own account instead, one line per change:
 //!
-//! - a warning once a peer has failed every call for [`LOST_AFTER`] (a single lost heartbeat
-//!   is a blip, not news);
-//! - a reminder every [`REMIND_EVERY`] while it stays away, with how many calls failed;
-//! - one line when it answers again, if it was reported lost.
+//! - a warning once every call to a peer has failed for [`LOST_AFTER`] (a single lost
+//!   heartbeat is a blip, not news), whether the peer is gone or refuses the calls (a wrong
+//!   cluster credential, say), with the last error;
+//! - a reminder every [`REMIND_EVERY`] while the calls keep failing, with how many did (a
+//!   node calls its peers only while it leads or campaigns);
+//! - one line when a call succeeds again, if the peer was reported.
 
 use std::collections::HashMap;
 use std::fmt::Display;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -25,10 +28,13 @@ pub(crate) const LOST_AFTER: Duration = Duration::from_secs(1);
 /// How often a lost peer is reported again while it stays away.
 pub(crate) const REMIND_EVERY: Duration = Duration::from_secs(60);
 
-/// The peers whose last call failed. Cheap when every peer answers: the map is empty.
+/// The peers whose last call failed. Cheap when every peer answers: an answer takes no lock
+/// while no peer is failing.
 #[derive(Debug, Default)]
 pub(crate) struct Links {
     failing: Mutex<HashMap<NodeId, Failing>>,
+    /// Whether `failing` holds any peer.
+    any_failing: AtomicBool,
 }
 
 /// A peer whose calls have failed since `since`.
@@ -56,11 +62,12 @@ pub(crate) enum Change {
 impl Links {
     /// Records that `peer` answered a call at `now`.
     pub(crate) fn answered(&self, peer: NodeId, now: Instant) -> Option<Change> {
-        let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
-        if failing.is_empty() {
+        if !self.any_failing.load(Ordering::Relaxed) {
             return None;
         }
+        let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
         let was = failing.remove(&peer)?;
+        self.any_failing.store(!failing.is_empty(), Ordering::Relaxed);
         was.reported
             .map(|_| Change::Back { after: now.duration_since(was.since), failed: was.failed })
     }
@@ -68,6 +75,7 @@ impl Links {
     /// Records that a call to `peer` failed at `now`.
     pub(crate) fn failed(&self, peer: NodeId, now: Instant) -> Option<Change> {
         let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.any_failing.store(true, Ordering::Relaxed);
         let fresh = Failing { since: now, last: now, failed: 0, reported: None };
         let f = failing.entry(peer).or_insert(fresh);
         // A node calls its peers only while it leads or campaigns: failures further apart
@@ -96,7 +104,7 @@ impl Links {
         let now = Instant::now();
         let Some(e) = error else {
             if let Some(Change::Back { after, failed }) = self.answered(peer, now) {
-                tracing::info!(peer, ?after, failed_calls = failed, "peer answers again");
+                tracing::info!(peer, ?after, failed_calls = failed, "calls to peer succeed again");
             }
             return;
         };
@@ -106,15 +114,15 @@ impl Links {
                 ?down_for,
                 failed_calls = failed,
                 error = %e,
-                "peer does not answer; logged again every {REMIND_EVERY:?} while it stays away, \
-                 and when it answers"
+                "calls to peer fail; logged again every {REMIND_EVERY:?} while they do, and when \
+                 one succeeds"
             ),
             Some(Change::StillLost { down_for, failed }) => tracing::warn!(
                 peer,
                 ?down_for,
                 failed_calls = failed,
                 error = %e,
-                "peer still does not answer"
+                "calls to peer still fail"
             ),
             _ => {}
         }
@@ -136,12 +144,11 @@ impl Watch {
         Watch { links, peer, settled: false }
     }
 
-    /// The peer answered (the first time only: later answers change nothing).
+    /// The peer answered (a stream's every reply counts: heartbeats may time out while a
+    /// slow peer still answers replication).
     pub(crate) fn answered(&mut self) {
-        if !self.settled {
-            self.settled = true;
-            self.links.record(self.peer, None);
-        }
+        self.settled = true;
+        self.links.record(self.peer, None);
     }
 
     /// The call failed with `error`.

@@ -502,6 +502,8 @@ impl GrpcConnection {
         let replies = match tokio::time::timeout(patience, client.stream_append(request)).await {
             Ok(Ok(replies)) => replies.into_inner(),
             Ok(Err(status)) if status.code() == Code::Unimplemented => {
+                // An older build answered.
+                watch.answered();
                 tracing::warn!(
                     peer = target,
                     "the peer does not serve streamed replication (an older build): \
@@ -561,8 +563,13 @@ impl Replies {
                     self.watch.failed(&msg);
                     return Some(Err(RPCError::Unreachable(Unreachable::new(&io_error(&msg)))));
                 }
+                Ok(Ok(None)) if waiting_for_reply => {
+                    // A stopping peer ends its streams with requests unanswered.
+                    let msg = format!("node {} ended the stream unanswered", self.target);
+                    self.watch.failed(&msg);
+                    return None;
+                }
                 Ok(Ok(None)) => {
-                    // The peer ended the stream: it is there.
                     self.watch.answered();
                     return None;
                 }

@@ -1,12 +1,16 @@
 //! Samples openraft's warnings that repeat for every call to a peer that is away.
 //!
-//! A leader sends each follower a heartbeat every 75 ms and retries replication after each
-//! failure; openraft logs a warning for every one that fails. While a member is down that is
-//! about a dozen lines a second, each several hundred bytes, for as long as it stays down. The
-//! node keeps its own account of each peer instead (one line when it stops answering, a
-//! reminder every minute, one when it answers again: `delayd_raft`'s `links`), and this layer
-//! lets each of openraft's repeating warnings through at most once every [`SAMPLE_EVERY`], so
-//! the detail of the failure stays in the log.
+//! A leader sends each follower a heartbeat (every 75 ms by default) and retries replication
+//! after each failure; openraft logs a warning for every one that fails. While a member is
+//! down that is about a dozen lines a second, each several hundred bytes, for as long as it
+//! stays down. The node keeps its own account of each peer instead (one line when calls to
+//! it start failing, a reminder every minute, one when a call succeeds again: `delayd_raft`'s
+//! `links`), and this layer lets each of openraft's repeating warnings through at most once
+//! every [`SAMPLE_EVERY`], so the detail of the failure stays in the log.
+//!
+//! The sample is per callsite, not per peer, and covers every warning of the three modules,
+//! not only the three that repeat. The log filter runs first (tracing checks `enabled`
+//! before `event_enabled`), so only events that would be printed are counted.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
