@@ -7,6 +7,11 @@
 //! done the store turns [`Overlay::into_writes`] into one atomic write together with the
 //! last-applied log id; if anything fails before that, nothing of the batch is visible.
 //!
+//! One exception within an entry: the state machine keeps each queue's metadata
+//! ([`Cf::Queues`]) decoded while it applies an entry, and writes it into the overlay when the
+//! entry is done. A read of that column family through the overlay in the middle of an entry
+//! would see it as it was before the entry; the state machine never reads it that way.
+//!
 //! Data is split into column families ([`Cf`]) so that each ordered index can be scanned on its
 //! own; every key layout is documented where it is built, in `keys.rs`.
 

@@ -159,11 +159,11 @@ pub fn apply<R: KvRead + ?Sized>(
         loaded_bytes: Cell::new(0),
         ahead: Vec::new(),
         demand_left: demand,
-        metas: Vec::new(),
+        metas: BTreeMap::new(),
     };
-    let outcomes = entry.commands.iter().map(|c| tx.command(c)).collect();
+    let outcomes = entry.commands.iter().map(|c| tx.command(c)).collect::<Result<_, _>>()?;
     tx.write_metas();
-    outcomes
+    Ok(outcomes)
 }
 
 /// How many ready jobs a command may take from the heads of ready indexes.
@@ -239,8 +239,8 @@ struct Tx<'t, 'a, R: KvRead + ?Sized> {
     /// reserve or an ack changes its queue's counts once or twice per job, and each change
     /// was a read, a decode, an encode and a write of the same record. Read once per entry,
     /// written back once when the entry is done ([`Tx::write_metas`]); nothing else reads or
-    /// writes the column family during an entry.
-    metas: Vec<(QueueName, QueueMeta, bool)>,
+    /// writes the column family during an entry. A map: a tick may touch a queue per job.
+    metas: BTreeMap<QueueName, (QueueMeta, bool)>,
 }
 
 type Result2<T> = Result<Result<T, Rejection>, KvError>;
@@ -1297,19 +1297,19 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
 
     /// The queue's metadata in the entry's cache and whether it changed, read on first use.
     fn meta_mut(&mut self, queue: &QueueName) -> Result<(&mut QueueMeta, &mut bool), KvError> {
-        let i = match self.metas.iter().position(|(q, ..)| q == queue) {
-            Some(i) => i,
-            None => {
-                let stored = self.kv.get(Cf::Queues, &keys::queue(queue))?;
-                let meta = stored.map(|v| decode(&v)).transpose()?.unwrap_or_default();
-                self.metas.push((queue.clone(), meta, false));
-                self.metas.len() - 1
-            }
-        };
-        let (_, meta, changed) = &mut self.metas[i];
+        if !self.metas.contains_key(queue) {
+            let stored = self.kv.get(Cf::Queues, &keys::queue(queue))?;
+            let meta = stored.map(|v| decode(&v)).transpose()?.unwrap_or_default();
+            self.metas.insert(queue.clone(), (meta, false));
+        }
+        let (meta, changed) = self
+            .metas
+            .get_mut(queue)
+            .ok_or_else(|| KvError("queue metadata missing from the entry's cache".into()))?;
         Ok((meta, changed))
     }
 
+    /// Replaces the queue's metadata (written back when the entry is done).
     fn save_meta(&mut self, queue: &QueueName, meta: QueueMeta) -> Result<(), KvError> {
         let (cached, changed) = self.meta_mut(queue)?;
         *cached = meta;
@@ -1319,13 +1319,15 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
 
     /// Writes the metadata the entry changed into the overlay.
     fn write_metas(&mut self) {
-        for (queue, meta, changed) in std::mem::take(&mut self.metas) {
+        for (queue, (meta, changed)) in std::mem::take(&mut self.metas) {
             if changed {
                 self.kv.put(Cf::Queues, keys::queue(&queue), encode(&meta));
             }
         }
     }
 
+    /// Adds `delta` to the queue's count of jobs in `state` (written back when the entry is
+    /// done).
     fn count(&mut self, queue: &QueueName, state: JobState, delta: i64) -> Result<(), KvError> {
         let (meta, changed) = self.meta_mut(queue)?;
         let c = &mut meta.counts[state.index()];
@@ -1385,6 +1387,48 @@ mod tests {
     use super::testing::{new_job, run};
     use super::*;
     use crate::kv::MemKv;
+
+    /// A queue's metadata is cached for the length of an entry (`Tx::metas`): later commands
+    /// of the entry see the earlier ones' changes, the effects computed from it are those of
+    /// applying the commands one by one, and the next entry on the same overlay reads what the
+    /// first wrote back.
+    #[test]
+    fn queue_metadata_changed_in_an_entry_is_seen_by_its_later_commands_and_the_next_entry() {
+        let q = QueueName::new("ns", "q");
+        let mut kv = MemKv::default();
+        let mut effects = Effects::default();
+        let mut overlay = Overlay::new(&kv);
+        let first = Entry::new(
+            1_000,
+            vec![
+                Command::Publish { queue: q.clone(), job: new_job(1, 0) },
+                Command::Publish { queue: q.clone(), job: new_job(2, 0) },
+                Command::SetPaused { queue: q.clone(), paused: true },
+                // Nothing is handed out while paused, within the same entry too.
+                Command::Reserve { queues: vec![q.clone()], count: 1, ttr_ms: None, lease_seed: 1 },
+                Command::SetPaused { queue: q.clone(), paused: false },
+            ],
+        );
+        let replies = apply(&mut overlay, &first, &mut effects).expect("apply");
+        assert!(matches!(&replies[3], Ok(Reply::Reserved(d)) if d.is_empty()), "{replies:?}");
+        // One per publish, and the two ready jobs the unpause makes takeable again.
+        assert_eq!(effects.ready_queues.get(&q), Some(&4));
+        let second = Entry::new(
+            1_001,
+            vec![Command::Reserve {
+                queues: vec![q.clone()],
+                count: 1,
+                ttr_ms: None,
+                lease_seed: 2,
+            }],
+        );
+        let replies = apply(&mut overlay, &second, &mut effects).expect("apply");
+        assert!(matches!(&replies[0], Ok(Reply::Reserved(d)) if d.len() == 1), "{replies:?}");
+        let writes: Vec<_> = overlay.into_writes().collect();
+        kv.apply(writes);
+        let meta = crate::query::queue_meta(&kv, &q).expect("read");
+        assert_eq!((meta.paused, meta.counts), (false, [0, 1, 1, 0]));
+    }
 
     #[test]
     fn effects_count_job_events_per_queue_and_merge_across_entries() {

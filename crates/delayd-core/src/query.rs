@@ -173,7 +173,9 @@ pub fn dead_letter(kv: &impl KvRead, queue: &QueueName, limit: usize) -> Result<
     head(kv, Cf::Dead, queue, limit)
 }
 
-/// The queue's metadata: pause flag and counts per state.
+/// The queue's metadata: pause flag and counts per state. Read between entries: while an
+/// entry is being applied, its changes to the metadata are not in the overlay yet (see the
+/// `kv` module).
 pub fn queue_meta(kv: &impl KvRead, queue: &QueueName) -> Result<QueueMeta, KvError> {
     Ok(kv
         .get(Cf::Queues, &keys::queue(queue))?

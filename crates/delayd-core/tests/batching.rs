@@ -116,20 +116,21 @@ fn command() -> impl Strategy<Value = Command> {
 /// Every stored record: column family, key and value.
 type Stored = Vec<(Cf, Vec<u8>, Vec<u8>)>;
 
-/// Applies `entries` (each a clock and its commands) to an empty store: the replies in order
-/// and everything stored.
-fn run(entries: &[(u64, Vec<Command>)]) -> (Vec<Outcome>, Stored) {
+/// Applies `entries` (each a clock and its commands) to an empty store: the replies in order,
+/// everything stored, and the effects of all entries together.
+fn run(entries: &[(u64, Vec<Command>)]) -> (Vec<Outcome>, Stored, Effects) {
     let mut kv = MemKv::default();
     let mut outcomes = Vec::new();
+    let mut effects = Effects::default();
     for (now_ms, commands) in entries {
         let mut overlay = Overlay::new(&kv);
         let entry = Entry::new(*now_ms, commands.clone());
-        outcomes.extend(apply(&mut overlay, &entry, &mut Effects::default()).unwrap());
+        outcomes.extend(apply(&mut overlay, &entry, &mut effects).unwrap());
         let writes: Vec<_> = overlay.into_writes().collect();
         kv.apply(writes);
     }
     let stored = kv.iter().map(|(cf, k, v)| (cf, k.to_vec(), v.to_vec())).collect();
-    (outcomes, stored)
+    (outcomes, stored, effects)
 }
 
 proptest! {
@@ -154,9 +155,10 @@ proptest! {
             apart.extend(commands.iter().map(|c| (now_ms, vec![c.clone()])));
             together.push((now_ms, commands));
         }
-        let (replies_together, stored_together) = run(&together);
-        let (replies_apart, stored_apart) = run(&apart);
+        let (replies_together, stored_together, effects_together) = run(&together);
+        let (replies_apart, stored_apart, effects_apart) = run(&apart);
         prop_assert_eq!(replies_together, replies_apart);
         prop_assert_eq!(stored_together, stored_apart);
+        prop_assert_eq!(effects_together, effects_apart);
     }
 }
