@@ -1,9 +1,9 @@
 //! Whether each peer answers this node's Raft calls, logged when that changes.
 //!
 //! While a peer is away, every call to it fails: a leader's heartbeat (every 75 ms by
-//! default), and each replication retry. openraft logs a warning for each failure, a dozen lines a second for as
-//! long as the peer is down (the node's log setup lets only a sample of those through). This
-//! module keeps the node's own account instead, one line per change:
+//! default), and each replication retry. openraft logs a warning for each failure, a dozen
+//! lines a second for as long as the peer is down (the node's log setup lets only a sample of
+//! those through). This module keeps the node's own account instead, one line per change:
 //!
 //! - a warning once every call to a peer has failed for [`LOST_AFTER`] (a single lost
 //!   heartbeat is a blip, not news), whether the peer is gone or refuses the calls (a wrong
@@ -38,7 +38,7 @@ pub(crate) struct Links {
 }
 
 /// A peer whose calls have failed since `since`.
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Failing {
     since: Instant,
     /// The last failed call.
@@ -81,7 +81,7 @@ impl Links {
         // A node calls its peers only while it leads or campaigns: failures further apart
         // than that are separate blips, unless the peer is already reported lost.
         if f.reported.is_none() && now.duration_since(f.last) > LOST_AFTER {
-            *f = Failing { since: now, last: now, failed: 0, reported: None };
+            *f = fresh;
         }
         f.last = now;
         f.failed += 1;
@@ -101,14 +101,18 @@ impl Links {
 
     /// Records a call's outcome, `error` when it failed, and logs what that changed.
     pub(crate) fn record(&self, peer: NodeId, error: Option<&dyn Display>) {
-        let now = Instant::now();
         let Some(e) = error else {
-            if let Some(Change::Back { after, failed }) = self.answered(peer, now) {
+            // Every reply of a replication stream comes here: no clock read while every peer
+            // answers.
+            if !self.any_failing.load(Ordering::Relaxed) {
+                return;
+            }
+            if let Some(Change::Back { after, failed }) = self.answered(peer, Instant::now()) {
                 tracing::info!(peer, ?after, failed_calls = failed, "calls to peer succeed again");
             }
             return;
         };
-        match self.failed(peer, now) {
+        match self.failed(peer, Instant::now()) {
             Some(Change::Lost { down_for, failed }) => tracing::warn!(
                 peer,
                 ?down_for,

@@ -114,21 +114,18 @@ mod tests {
     #[test]
     fn a_callsite_passes_again_once_the_period_is_over() {
         let repeats = Repeats::default();
-        let callsite = tracing::callsite::Identifier(&CALLSITE);
+        let site = tracing::callsite!(
+            name: "repeating",
+            kind: tracing::metadata::Kind::EVENT,
+            target: "openraft::replication",
+            level: Level::WARN,
+            fields: []
+        );
+        let callsite = tracing::callsite::Callsite::metadata(site).callsite();
         let t0 = Instant::now();
         assert!(repeats.allows(callsite.clone(), t0));
         assert!(!repeats.allows(callsite.clone(), t0 + SAMPLE_EVERY / 2));
         assert!(repeats.allows(callsite.clone(), t0 + SAMPLE_EVERY));
         assert!(!repeats.allows(callsite, t0 + SAMPLE_EVERY + Duration::from_secs(1)));
-    }
-
-    /// A callsite for the test above.
-    struct TestCallsite;
-    static CALLSITE: TestCallsite = TestCallsite;
-    impl tracing::callsite::Callsite for TestCallsite {
-        fn set_interest(&self, _: tracing::subscriber::Interest) {}
-        fn metadata(&self) -> &tracing::Metadata<'_> {
-            unimplemented!("never asked in the test")
-        }
     }
 }
