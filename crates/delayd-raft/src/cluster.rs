@@ -80,6 +80,11 @@ struct Inner {
 /// flight, such as a client's long poll) before it abandons them.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long [`Cluster::shutdown`] waits for the applied state's flush. Skipping the flush
+/// loses nothing (the next start re-applies from the log what it did not write), so a disk
+/// too slow to take the memtables in this time only makes that start longer, not the stop.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn raft_config(c: &ClusterConfig) -> Result<openraft::Config, ClusterError> {
     let t = c.timing;
     let config = openraft::Config {
@@ -346,9 +351,13 @@ impl Cluster {
         // start only re-applies more.
         let reader = self.inner.reader.clone();
         let started = Instant::now();
-        match tokio::task::spawn_blocking(move || reader.flush()).await {
-            Ok(Ok(())) => tracing::info!(took = ?started.elapsed(), "state flushed"),
-            failed => tracing::warn!(outcome = ?failed, "state flush at shutdown failed"),
+        match blocking_within(FLUSH_TIMEOUT, move || reader.flush()).await {
+            Some(Ok(Ok(()))) => tracing::info!(took = ?started.elapsed(), "state flushed"),
+            Some(failed) => tracing::warn!(outcome = ?failed, "state flush at shutdown failed"),
+            None => tracing::warn!(
+                "state flush did not finish within {FLUSH_TIMEOUT:?}; abandoned (the next \
+                 start re-applies from the log what it did not write)"
+            ),
         }
     }
 
@@ -832,5 +841,37 @@ async fn watch_snapshots(
                 signal.timer_added(0);
             }
         }
+    }
+}
+
+/// Runs blocking `work` off the async workers and waits for it at most `limit`: `None` when
+/// it has not finished by then. The work itself cannot be stopped and runs on; what waits
+/// for it (the runtime's shutdown, see `delayd`'s `main`) must bound its own wait too.
+async fn blocking_within<T: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    tokio::time::timeout(limit, tokio::task::spawn_blocking(work)).await.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn blocking_work_past_its_limit_is_abandoned_at_the_limit() {
+        // Real time: paused time does not advance while blocking work runs.
+        let limit = Duration::from_millis(200);
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        // Held until the test lets go: a flush on a disk that does not answer.
+        let stuck = blocking_within(limit, move || hold.recv().is_ok());
+        let started = Instant::now();
+        assert!(stuck.await.is_none(), "work that never finished was waited for");
+        let waited = started.elapsed();
+        assert!(waited >= limit && waited < Duration::from_secs(5), "waited {waited:?}");
+        drop(release);
+
+        let quick = blocking_within(Duration::from_secs(30), || 7).await;
+        assert_eq!(quick.map(|r| r.ok()), Some(Some(7)));
     }
 }

@@ -7,6 +7,7 @@ mod restore;
 mod settings;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -65,8 +66,19 @@ enum Cmd {
     Probe(probe::ProbeArgs),
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// How long the exit waits for blocking work still running once the node has stopped: a state
+/// flush abandoned at its own limit (`delayd_raft::cluster::FLUSH_TIMEOUT`) must not hold the process.
+const EXIT_WAIT: Duration = Duration::from_secs(1);
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let outcome = runtime.block_on(run());
+    // Dropping the runtime would wait for every blocking task however long it runs.
+    runtime.shutdown_timeout(EXIT_WAIT);
+    outcome
+}
+
+async fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     match args.command {
         Some(Cmd::Restore(a)) => return restore::restore(a),
