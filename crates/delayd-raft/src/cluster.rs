@@ -76,6 +76,12 @@ struct Inner {
     identity: Identity,
 }
 
+/// A watch of the node's Raft server state: [`Cluster::server_watch`].
+pub type ServerWatch = openraft::type_config::alias::WatchReceiverOf<
+    TypeConfig,
+    openraft::metrics::RaftServerMetrics<TypeConfig>,
+>;
+
 /// How long [`Cluster::shutdown`] waits for its tasks (the gRPC server waits for calls in
 /// flight, such as a client's long poll) before it abandons them.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -374,6 +380,18 @@ impl Cluster {
     /// The openraft handle, for metrics.
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// Watches this node's Raft role, leader, vote and membership; the watch closes when Raft
+    /// stops.
+    ///
+    /// Tasks that wait for a change of role (the pump, push, the scheduler, anything that
+    /// must end with Raft) wait on this rather than on [`Raft::metrics`]: openraft publishes
+    /// the full metrics on every turn of its loop, several times per log entry, and every
+    /// task waiting on them wakes each time to find nothing it cares about changed. This one
+    /// is published only when its contents change.
+    pub fn server_watch(&self) -> ServerWatch {
+        self.inner.raft.server_metrics()
     }
 
     /// Raft's current metrics.
@@ -823,20 +841,20 @@ async fn watch_snapshots(
     signal: Arc<PumpSignal>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut metrics = raft.metrics();
-    let mut last = metrics.borrow_watched().snapshot;
+    // The snapshot's own watch, published only when it changes (the full metrics change
+    // several times per log entry).
+    let mut snapshots = raft.watch_snapshot_progress();
+    let server = raft.server_metrics();
+    let mut last = snapshots.get();
     loop {
         tokio::select! {
-            r = metrics.changed() => if r.is_err() { return },
+            r = snapshots.changed() => if r.is_err() { return },
             _ = shutdown.wait_for(|s| *s) => return,
         }
-        let (snapshot, state) = {
-            let m = metrics.borrow_watched();
-            (m.snapshot, m.state)
-        };
+        let snapshot = snapshots.get();
         if snapshot != last {
             last = snapshot;
-            if state != ServerState::Leader {
+            if server.borrow_watched().state != ServerState::Leader {
                 observer.replaced();
                 signal.timer_added(0);
             }

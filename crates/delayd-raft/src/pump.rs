@@ -81,7 +81,9 @@ pub async fn run(
     tick_limit: u32,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut metrics = raft.metrics();
+    // Only the role matters here: the server metrics change with it alone, where the full
+    // metrics change several times per log entry and would wake the pump each time.
+    let mut metrics = raft.server_metrics();
     let mut ride = true;
     loop {
         if *shutdown.borrow() {
@@ -151,7 +153,6 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = signal.notify.notified() => {}
-            // Metrics change with every applied entry; only losing leadership matters here.
             r = metrics.wait_until(|m| m.state != ServerState::Leader) => if r.is_err() { return },
             _ = shutdown.changed() => {}
         }

@@ -40,6 +40,7 @@ use delayd_core::{query, Effects, JobState, QueueName};
 use delayd_raft::{Cluster, ReplicationMetrics};
 use delayd_store::{StateReader, StoreMetrics, TypeConfig};
 use openraft::async_runtime::watch::WatchReceiver;
+use openraft::vote::RaftLeaderId as _;
 use openraft::{Instant as _, RaftMetrics, ServerState};
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -600,22 +601,21 @@ impl Metrics {
 /// Counts every leader this node sees established, until its Raft stops: a change of
 /// `(current_leader, term)` to a known leader, including the first one after start.
 pub(crate) async fn watch_leader(cluster: Cluster, metrics: Arc<Metrics>) {
-    let mut raft_metrics = cluster.raft().metrics();
+    // The server state's watch changes with the leader and the vote alone (the full
+    // metrics change several times per log entry); it closes when Raft stops.
+    let mut server = cluster.server_watch();
     drop(cluster);
     let mut last = None;
     loop {
         let seen = {
-            let m = raft_metrics.borrow_and_update();
-            if m.state == ServerState::Shutdown {
-                return;
-            }
-            m.current_leader.map(|leader| (leader, m.current_term))
+            let m = server.borrow_and_update();
+            m.current_leader.map(|leader| (leader, m.vote.leader_id().term()))
         };
         if seen.is_some() && seen != last {
             metrics.leader_changed();
             last = seen;
         }
-        if raft_metrics.changed().await.is_err() {
+        if server.changed().await.is_err() {
             return;
         }
     }

@@ -98,7 +98,6 @@ async fn lead(service: &Service, client: &reqwest::Client, raft: &mut RaftWatch)
         }
         tokio::select! {
             _ = service.webhook_changes().notified() => {}
-            // Metrics change with every applied entry; only losing leadership matters here.
             _ = raft.wait_until(|m| m.state != ServerState::Leader) => break,
         }
     }

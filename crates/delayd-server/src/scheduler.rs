@@ -71,7 +71,6 @@ pub(crate) async fn run(service: Service) {
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = service.schedule_changes().notified() => {}
-            // Metrics change with every applied entry; only losing leadership matters here.
             _ = raft.wait_until(|m| m.state != ServerState::Leader) => {}
         }
     }

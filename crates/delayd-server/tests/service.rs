@@ -261,3 +261,28 @@ async fn held_acks_written_as_a_node_drains_are_sent_again_when_their_caller_lef
     c.await_gone(&queue, id, "the held ack was lost").await;
     c.stop().await;
 }
+
+/// What waits for the node to stop (gRPC long-polls and streams, the protocol listeners) is
+/// told once Raft has stopped, and not before: a stream of writes, each moving Raft's state
+/// along, does not end the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_the_stop_ends_when_raft_stops_and_not_on_writes() {
+    let (node, _dir) = common::start_node(Config::default()).await;
+    let s = node.service().clone();
+    let stopped = tokio::spawn({
+        let s = s.clone();
+        async move { s.stopped().await }
+    });
+    let queue = QueueName::new("ns", "q");
+    for _ in 0..50 {
+        s.publish(&Principal::Dev, queue.clone(), &PublishParams::default(), b"j".to_vec())
+            .await
+            .expect("publish");
+    }
+    assert!(!stopped.is_finished(), "the wait ended while the node was running");
+    node.shutdown().await;
+    tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("the wait ends once Raft has stopped")
+        .expect("the waiting task");
+}

@@ -19,17 +19,15 @@ use super::validate::node_id;
 use super::Service;
 use crate::error::ServiceError;
 
-/// The node's Raft metrics, as watched.
-pub(crate) type RaftWatch = openraft::type_config::alias::WatchReceiverOf<
-    delayd_store::TypeConfig,
-    openraft::RaftMetrics<delayd_store::TypeConfig>,
->;
+/// The node's Raft server state (role, leader, vote, membership), as watched: see
+/// [`delayd_raft::Cluster::server_watch`] for why tasks wait on this and not on the full
+/// metrics.
+pub(crate) type RaftWatch = delayd_raft::cluster::ServerWatch;
 
 /// Waits until this node leads: `true` once it does, `false` once its Raft has stopped.
 pub(crate) async fn until_leading(raft: &mut RaftWatch) -> bool {
-    let led =
-        raft.wait_until(|m| matches!(m.state, ServerState::Leader | ServerState::Shutdown)).await;
-    led.is_ok_and(|m| m.state == ServerState::Leader)
+    // The watch closes when Raft stops.
+    raft.wait_until(|m| m.state == ServerState::Leader).await.is_ok()
 }
 
 /// The cluster as one node sees it.
@@ -117,20 +115,14 @@ impl Service {
 
     /// Watches this node's Raft state, for the tasks that work only while it leads.
     pub(crate) fn raft_watch(&self) -> RaftWatch {
-        self.cluster().raft().metrics()
+        self.cluster().server_watch()
     }
 
     /// Completes when the node's Raft has stopped: long-polls and streams must end then.
     pub async fn stopped(&self) {
-        let mut metrics = self.cluster().raft().metrics();
-        loop {
-            if metrics.borrow_and_update().state == ServerState::Shutdown {
-                return;
-            }
-            if metrics.changed().await.is_err() {
-                return;
-            }
-        }
+        let mut server = self.cluster().server_watch();
+        // Ends with an error once Raft has stopped and dropped its end of the watch.
+        while server.changed().await.is_ok() {}
     }
 
     /// Where each member of the cluster serves the client protocols (`http`, `disque`,
