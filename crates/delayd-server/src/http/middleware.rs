@@ -52,24 +52,33 @@ pub(crate) async fn observe(State(s): State<Service>, request: Request, next: Ne
     // logged as sent and counted as `unmatched`.
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let method = method_label(request.method());
+    // Fields as `Display`: the text formatter writes each span's fields out when the span
+    // is made, and `Debug` would escape a `str` character by character (about 2 % of a
+    // leader's CPU under load). None of the three needs quoting: the id is checked to be
+    // plain, the method is a token and the route a template (or a path, which has no spaces).
     let span = tracing::info_span!(
         "request",
-        request_id = id.to_str().unwrap_or_default(),
-        method = request.method().as_str(),
-        route = matched.as_ref().map_or(request.uri().path(), MatchedPath::as_str),
+        request_id = %id.to_str().unwrap_or_default(),
+        method = %request.method().as_str(),
+        route = %matched.as_ref().map_or(request.uri().path(), MatchedPath::as_str),
     );
     let started = Instant::now();
-    let mut response = next.run(request).instrument(span.clone()).await;
-    let took = started.elapsed();
-    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
-    s.metrics().http_request(route, method, response.status().as_str(), took);
-    span.in_scope(|| {
+    // The line that closes the request is written inside the instrumented future, where the
+    // span is already entered: no second handle to the span, no second entry into it.
+    let (mut response, took) = async move {
+        let response = next.run(request).await;
+        let took = started.elapsed();
         tracing::debug!(
             status = response.status().as_u16(),
             micros = took.as_micros() as u64,
             "request done"
         );
-    });
+        (response, took)
+    }
+    .instrument(span)
+    .await;
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
+    s.metrics().http_request(route, method, response.status().as_str(), took);
     response.headers_mut().insert(HEADER, id);
     response
 }
