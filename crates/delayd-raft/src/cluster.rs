@@ -86,9 +86,11 @@ pub type ServerWatch = openraft::type_config::alias::WatchReceiverOf<
 /// flight, such as a client's long poll) before it abandons them.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long [`Cluster::shutdown`] waits for the applied state's flush. Skipping the flush
-/// loses nothing (the next start re-applies from the log what it did not write), so a disk
-/// too slow to take the memtables in this time only makes that start longer, not the stop.
+/// How long [`Cluster::shutdown`] waits for the applied state's flush before it logs that it
+/// did not finish and goes on. Skipping the flush loses nothing (the next start re-applies
+/// from the log what it did not write). The flush itself runs on in RocksDB's background
+/// thread, which RocksDB joins when the process exits: a disk too slow for the memtables
+/// still holds the exit up, and a supervisor's kill then is as safe as a crash.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn raft_config(c: &ClusterConfig) -> Result<openraft::Config, ClusterError> {
@@ -383,7 +385,9 @@ impl Cluster {
     }
 
     /// Watches this node's Raft role, leader, vote and membership; the watch closes when Raft
-    /// stops.
+    /// stops. It never shows [`ServerState::Shutdown`]: a closed watch keeps the last role it
+    /// published, often the leader's, so a task must tell a closed watch (its `changed()`
+    /// fails) from a role before it acts on the role.
     ///
     /// Tasks that wait for a change of role (the pump, push, the scheduler, anything that
     /// must end with Raft) wait on this rather than on [`Raft::metrics`]: openraft publishes

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use delayd_core::{query, Command, Outcome, Reply};
 use delayd_store::{Raft, StateReader};
+use futures::FutureExt;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 use tokio::sync::{watch, Notify};
@@ -86,7 +87,9 @@ pub async fn run(
     let mut metrics = raft.server_metrics();
     let mut ride = true;
     loop {
-        if *shutdown.borrow() {
+        // The watch closes when Raft stops (a fatal storage error stops it without the
+        // shutdown flag), keeping the last role it published, often the leader's.
+        if *shutdown.borrow() || matches!(metrics.changed().now_or_never(), Some(Err(_))) {
             return;
         }
         let leader = metrics.borrow_watched().state == ServerState::Leader;

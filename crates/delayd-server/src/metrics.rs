@@ -598,8 +598,9 @@ impl Metrics {
     }
 }
 
-/// Counts every leader this node sees established, until its Raft stops: a change of
-/// `(current_leader, term)` to a known leader, including the first one after start.
+/// Counts every leader this node sees established, until its Raft stops: a change of the
+/// `(leader, term)` of its written vote once the vote is a granted one (committed), including
+/// the first one after start.
 pub(crate) async fn watch_leader(cluster: Cluster, metrics: Arc<Metrics>) {
     // The server state's watch changes with the leader and the vote alone (the full
     // metrics change several times per log entry); it closes when Raft stops.
@@ -607,9 +608,12 @@ pub(crate) async fn watch_leader(cluster: Cluster, metrics: Arc<Metrics>) {
     drop(cluster);
     let mut last = None;
     loop {
+        // Leader and term both from the vote as written (`current_leader` comes from the
+        // vote in memory, which may be a term ahead of it for a moment): a granted leader.
         let seen = {
             let m = server.borrow_and_update();
-            m.current_leader.map(|leader| (leader, m.vote.leader_id().term()))
+            let vote = &m.vote;
+            vote.is_committed().then(|| (*vote.leader_id().node_id(), vote.leader_id().term()))
         };
         if seen.is_some() && seen != last {
             metrics.leader_changed();

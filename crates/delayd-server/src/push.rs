@@ -48,6 +48,8 @@ const POLL: Duration = Duration::from_secs(30);
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// The longest error text recorded on a job.
 const MAX_ERROR_BYTES: usize = 512;
+/// How soon the webhooks are read again after a read failed.
+const WEBHOOKS_RETRY: Duration = Duration::from_secs(1);
 
 /// The dispatcher: runs until the node's Raft stops.
 pub(crate) async fn run(service: Service) {
@@ -70,7 +72,9 @@ pub(crate) async fn run(service: Service) {
 async fn lead(service: &Service, client: &reqwest::Client, raft: &mut RaftWatch) {
     let mut workers: HashMap<QueueName, (Webhook, JoinHandle<()>)> = HashMap::new();
     loop {
-        match service.webhooks().await {
+        let read = service.webhooks().await;
+        let failed = read.is_err();
+        match read {
             Ok(hooks) => {
                 let hooks: HashMap<QueueName, Webhook> = hooks.into_iter().collect();
                 workers.retain(|queue, (hook, task)| {
@@ -98,6 +102,8 @@ async fn lead(service: &Service, client: &reqwest::Client, raft: &mut RaftWatch)
         }
         tokio::select! {
             _ = service.webhook_changes().notified() => {}
+            // Nothing else would try the read again until a webhook or the role changes.
+            _ = tokio::time::sleep(WEBHOOKS_RETRY), if failed => {}
             _ = raft.wait_until(|m| m.state != ServerState::Leader) => break,
         }
     }

@@ -264,7 +264,8 @@ async fn held_acks_written_as_a_node_drains_are_sent_again_when_their_caller_lef
 
 /// What waits for the node to stop (gRPC long-polls and streams, the protocol listeners) is
 /// told once Raft has stopped, and not before: a stream of writes, each moving Raft's state
-/// along, does not end the wait.
+/// along, does not end the wait. The tasks that work while the node leads (push, the
+/// schedule pump) end with Raft too, although the role they last saw is the leader's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_the_stop_ends_when_raft_stops_and_not_on_writes() {
     let (node, _dir) = common::start_node(Config::default()).await;
@@ -280,7 +281,10 @@ async fn waiting_for_the_stop_ends_when_raft_stops_and_not_on_writes() {
             .expect("publish");
     }
     assert!(!stopped.is_finished(), "the wait ended while the node was running");
-    node.shutdown().await;
+    // Every task of the node ends with Raft: one that does not is abandoned only after 5 s.
+    tokio::time::timeout(Duration::from_secs(4), node.shutdown())
+        .await
+        .expect("the node's tasks end with Raft");
     tokio::time::timeout(Duration::from_secs(10), stopped)
         .await
         .expect("the wait ends once Raft has stopped")

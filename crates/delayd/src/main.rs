@@ -66,8 +66,9 @@ enum Cmd {
     Probe(probe::ProbeArgs),
 }
 
-/// How long the exit waits for blocking work still running once the node has stopped: a state
-/// flush abandoned at its own limit (`delayd_raft::cluster::FLUSH_TIMEOUT`) must not hold the process.
+/// How long the exit waits for the runtime's blocking tasks still running once the node has
+/// stopped (the wait for a state flush given up at `delayd_raft::cluster::FLUSH_TIMEOUT`,
+/// a store call stuck on the disk); dropping the runtime would wait for them for ever.
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 fn main() -> anyhow::Result<()> {

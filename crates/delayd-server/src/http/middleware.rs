@@ -49,18 +49,23 @@ pub(crate) async fn observe(State(s): State<Service>, request: Request, next: Ne
     let id = request_id(&request);
     // The route's template, not the path: `DELETE /token/{ns}/{token}` carries a secret in
     // its path, and templates keep log lines and label sets bounded. Unmatched paths are
-    // logged as sent and counted as `unmatched`.
+    // logged as sent (escaped) and counted as `unmatched`.
     let matched = request.extensions().get::<MatchedPath>().cloned();
     let method = method_label(request.method());
     // Fields as `Display`: the text formatter writes each span's fields out when the span
     // is made, and `Debug` would escape a `str` character by character (about 2 % of a
-    // leader's CPU under load). None of the three needs quoting: the id is checked to be
-    // plain, the method is a token and the route a template (or a path, which has no spaces).
+    // leader's CPU under load). The id is checked to be plain, the method is a token and a
+    // matched route one of the router's templates; only a path no route matched, as the
+    // client sent it, is escaped ([`Route`]).
+    let route = match &matched {
+        Some(m) => Route::Template(m.as_str()),
+        None => Route::Unmatched(request.uri().path()),
+    };
     let span = tracing::info_span!(
         "request",
         request_id = %id.to_str().unwrap_or_default(),
         method = %request.method().as_str(),
-        route = %matched.as_ref().map_or(request.uri().path(), MatchedPath::as_str),
+        route = %route,
     );
     let started = Instant::now();
     // The line that closes the request is written inside the instrumented future, where the
@@ -83,6 +88,23 @@ pub(crate) async fn observe(State(s): State<Service>, request: Request, next: Ne
     response
 }
 
+/// A request's route as a log field: the router's template as it is, or the path a client
+/// sent when no route matched it, escaped (a path may hold any UTF-8, control characters and
+/// bidirectional overrides among it).
+enum Route<'a> {
+    Template(&'a str),
+    Unmatched(&'a str),
+}
+
+impl std::fmt::Display for Route<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Route::Template(t) => f.write_str(t),
+            Route::Unmatched(path) => write!(f, "{}", path.escape_debug()),
+        }
+    }
+}
+
 /// The method label: the standard methods by name, anything else as `other` (a client can
 /// send any token as a method, and labels must stay bounded).
 fn method_label(m: &Method) -> &'static str {
@@ -101,6 +123,14 @@ fn method_label(m: &Method) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unmatched_paths_are_logged_escaped_and_templates_as_they_are() {
+        let sent = "/api/ns/q\u{85}x\u{202e}\"";
+        assert_eq!(Route::Unmatched(sent).to_string(), r#"/api/ns/q\u{85}x\u{202e}\""#);
+        let template = "/api/{namespace}/{queue}";
+        assert_eq!(Route::Template(template).to_string(), template);
+    }
 
     #[test]
     fn only_plain_short_ids_are_taken_from_clients() {

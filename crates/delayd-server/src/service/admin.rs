@@ -11,6 +11,7 @@ use std::hash::Hasher;
 use delayd_core::{Cf, KvRead};
 use delayd_raft::{ForwardOp, NodeStatus};
 use futures::future::join_all;
+use futures::FutureExt;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
@@ -26,8 +27,20 @@ pub(crate) type RaftWatch = delayd_raft::cluster::ServerWatch;
 
 /// Waits until this node leads: `true` once it does, `false` once its Raft has stopped.
 pub(crate) async fn until_leading(raft: &mut RaftWatch) -> bool {
-    // The watch closes when Raft stops.
-    raft.wait_until(|m| m.state == ServerState::Leader).await.is_ok()
+    loop {
+        // The watch closes when Raft stops, with the last role it published, often that of
+        // leader: a closed watch must be told from a leader's before the role is read, or a
+        // loop that leads until the role changes would start again at once, for ever.
+        if let Some(Err(_)) = raft.changed().now_or_never() {
+            return false;
+        }
+        if raft.borrow_and_update().state == ServerState::Leader {
+            return true;
+        }
+        if raft.changed().await.is_err() {
+            return false;
+        }
+    }
 }
 
 /// The cluster as one node sees it.
