@@ -597,7 +597,9 @@ impl Cluster {
 
     async fn route(&self, op: ForwardOp, deadline: Instant) -> Result<ForwardReply, ClusterError> {
         let me = self.inner.config.node_id;
-        let mut metrics = self.inner.raft.metrics();
+        // A retry waits for a new leader: the server state's watch changes with the leader
+        // alone (the full metrics change several times per entry).
+        let mut server = self.inner.raft.server_metrics();
         loop {
             let attempt = match self.leader() {
                 Some((leader, _)) if leader == me => match self.serve_forwarded(op.clone()).await {
@@ -637,7 +639,12 @@ impl Cluster {
                     }
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                        _ = metrics.changed() => {}
+                        r = server.changed() => if r.is_err() {
+                            // Raft has stopped: no leader will be known here again.
+                            return Err(ClusterError::Unavailable(
+                                "node is shutting down; nothing was written".into(),
+                            ));
+                        },
                         _ = tokio::time::sleep_until(deadline) => {}
                     }
                     // No attempt at the deadline itself: it could not be answered in time,
