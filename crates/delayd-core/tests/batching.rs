@@ -6,12 +6,12 @@
 //! later reserves, the cached queue metadata); none of that may show in the result. Here
 //! random sequences of commands over two queues (publishes with priorities, delays, ttls and
 //! one or two tries; republishes, some under a client key; reserves of both kinds, a queue
-//! listed twice among them; acks, releases, returns and fails, with the job's lease or a stale
-//! one; cancels, updates, buries with and without a priority, touches, reserve-job, kicks,
+//! listed twice among them; returns and fails of delivered jobs with their lease or a stale
+//! one; acks and releases of any job, without a lease; cancels, updates, buries with and without a priority, touches, reserve-job, kicks,
 //! respawns, purges, destroys, pauses and ticks; schedules set, deleted and fired, their jobs
-//! keyed by occurrence; webhooks and tokens set and deleted) are applied once as a single
-//! entry and once as one entry per command at the same clock: every reply, every effect and
-//! every stored byte must be the same.
+//! keyed by occurrence; webhooks and tokens set and deleted) are applied once as up to three
+//! entries at advancing clocks and once as one entry per command at each entry's clock: every
+//! reply, every effect and every stored byte must be the same.
 
 #![allow(clippy::unwrap_used)]
 

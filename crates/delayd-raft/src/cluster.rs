@@ -88,7 +88,7 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long [`Cluster::shutdown`] waits for the applied state's flush before it logs that it
 /// did not finish and goes on. Skipping the flush loses nothing (the next start re-applies
-/// from the log what it did not write). The flush itself runs on in RocksDB's background
+/// from the log what it did not write). A flush RocksDB has begun runs on in its background
 /// thread, which RocksDB joins when the process exits: a disk too slow for the memtables
 /// still holds the exit up, and a supervisor's kill then is as safe as a crash.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -412,9 +412,11 @@ impl Cluster {
 
     /// The leader this node knows of, with its address.
     pub fn leader(&self) -> Option<(NodeId, Option<String>)> {
-        // On every forwarded request: borrow the metrics, don't clone them.
-        let metrics = self.inner.raft.metrics();
-        let m = metrics.borrow_watched();
+        // On every forwarded request: borrow, don't clone. From the server state's watch,
+        // which openraft publishes before the full metrics: a retry woken by it finds the
+        // leader it announced.
+        let server = self.inner.raft.server_metrics();
+        let m = server.borrow_watched();
         let leader = m.current_leader?;
         let addr = m.membership_config.membership().get_node(&leader).map(|n| n.addr.clone());
         Some((leader, addr))
@@ -597,8 +599,8 @@ impl Cluster {
 
     async fn route(&self, op: ForwardOp, deadline: Instant) -> Result<ForwardReply, ClusterError> {
         let me = self.inner.config.node_id;
-        // A retry waits for a new leader: the server state's watch changes with the leader
-        // alone (the full metrics change several times per entry).
+        // A retry waits for a new leader: the server state's watch changes with the role,
+        // leader, vote and membership only (the full metrics change several times per entry).
         let mut server = self.inner.raft.server_metrics();
         loop {
             let attempt = match self.leader() {

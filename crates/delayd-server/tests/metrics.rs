@@ -354,6 +354,15 @@ async fn the_leader_reports_lag_per_follower_and_every_replica_the_same_job_coun
     for (i, n) in nodes.iter().enumerate() {
         let s = n.scrape().await;
         assert_eq!(s.value("delayd_raft_leader_id", &[]), leader as f64);
+        // Every replica counted the leader established, followers too (from their written
+        // vote), and at most once per term.
+        let changes = s.value("delayd_raft_leader_changes_total", &[]);
+        let term = s.value("delayd_raft_term", &[]);
+        assert!(
+            changes >= 1.0 && changes <= term,
+            "node {}: {changes} changes, term {term}",
+            i + 1
+        );
         if i as u64 + 1 != leader {
             assert!(s.series("delayd_raft_replication_lag_entries").is_empty());
             assert_eq!(s.get("delayd_raft_state", &[("state", "follower")]), Some(1.0));
