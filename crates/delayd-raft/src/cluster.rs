@@ -15,6 +15,7 @@ use delayd_core::{codec, Command, Effects, Outcome};
 use delayd_store::{
     NodeId, Raft, ReadView, SnapshotInbox, StateReader, Store, StoreMetrics, TypeConfig,
 };
+use futures::FutureExt;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{InitializeError, LinearizableReadError, RaftError};
 use openraft::{
@@ -81,6 +82,30 @@ pub type ServerWatch = openraft::type_config::alias::WatchReceiverOf<
     TypeConfig,
     openraft::metrics::RaftServerMetrics<TypeConfig>,
 >;
+
+/// The role `watch` shows, or `None` once Raft has stopped. A closed watch keeps the last role
+/// it published, often the leader's, so a task that acted on the role alone would go on
+/// leading a stopped node, for ever: the closed watch is looked for first.
+pub fn role(watch: &mut ServerWatch) -> Option<ServerState> {
+    if let Some(Err(_)) = watch.changed().now_or_never() {
+        return None;
+    }
+    Some(watch.borrow_watched().state)
+}
+
+/// Waits until this node leads: `true` once it does, `false` once its Raft has stopped.
+pub async fn until_leading(watch: &mut ServerWatch) -> bool {
+    loop {
+        match role(watch) {
+            None => return false,
+            Some(ServerState::Leader) => return true,
+            Some(_) => {}
+        }
+        if watch.changed().await.is_err() {
+            return false;
+        }
+    }
+}
 
 /// How long [`Cluster::shutdown`] waits for its tasks (the gRPC server waits for calls in
 /// flight, such as a client's long poll) before it abandons them.
@@ -385,9 +410,8 @@ impl Cluster {
     }
 
     /// Watches this node's Raft role, leader, vote and membership; the watch closes when Raft
-    /// stops. It never shows [`ServerState::Shutdown`]: a closed watch keeps the last role it
-    /// published, often the leader's, so a task must tell a closed watch (its `changed()`
-    /// fails) from a role before it acts on the role.
+    /// stops. It never shows [`ServerState::Shutdown`]: read the role with [`role`], which
+    /// tells a closed watch from the last role it published.
     ///
     /// Tasks that wait for a change of role (the pump, push, the scheduler, anything that
     /// must end with Raft) wait on this rather than on [`Raft::metrics`]: openraft publishes

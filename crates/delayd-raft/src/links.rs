@@ -60,11 +60,9 @@ pub(crate) enum Change {
 }
 
 impl Links {
-    /// Records that `peer` answered a call at `now`.
+    /// Records that `peer` answered a call at `now` ([`Links::record`] skips this while no
+    /// peer is failing).
     pub(crate) fn answered(&self, peer: NodeId, now: Instant) -> Option<Change> {
-        if !self.any_failing.load(Ordering::Relaxed) {
-            return None;
-        }
         let mut failing = self.failing.lock().unwrap_or_else(PoisonError::into_inner);
         let was = failing.remove(&peer)?;
         self.any_failing.store(!failing.is_empty(), Ordering::Relaxed);

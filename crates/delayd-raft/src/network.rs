@@ -496,8 +496,8 @@ impl GrpcConnection {
         // No gRPC deadline: the call lives as long as this node leads and the peer answers.
         let mut request = tonic::Request::new(requests);
         self.network.sign(&mut request);
-        // Settled by the first reply; openraft dropping the stream before one (a heartbeat
-        // not answered in time) counts as a failed call.
+        // Every reply counts as an answer; openraft dropping the stream before one (a
+        // heartbeat not answered in time) counts as a failed call.
         let mut watch = Watch::new(self.network.links.clone(), target);
         let replies = match tokio::time::timeout(patience, client.stream_append(request)).await {
             Ok(Ok(replies)) => replies.into_inner(),

@@ -22,12 +22,12 @@ use std::time::Duration;
 
 use delayd_core::{query, Command, Outcome, Reply};
 use delayd_store::{Raft, StateReader};
-use futures::FutureExt;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 use tokio::sync::{watch, Notify};
 
 use crate::clock::Clock;
+use crate::cluster::{role, until_leading};
 use crate::error::ClusterError;
 use crate::propose::Proposer;
 use crate::riders::{Deliver, Rider, Riders};
@@ -87,16 +87,15 @@ pub async fn run(
     let mut metrics = raft.server_metrics();
     let mut ride = true;
     loop {
-        // The watch closes when Raft stops (a fatal storage error stops it without the
-        // shutdown flag), keeping the last role it published, often the leader's.
-        if *shutdown.borrow() || matches!(metrics.changed().now_or_never(), Some(Err(_))) {
+        if *shutdown.borrow() {
             return;
         }
-        let leader = metrics.borrow_watched().state == ServerState::Leader;
-        if !leader {
+        // `None`: Raft has stopped (a fatal storage error stops it without the shutdown flag).
+        let Some(role) = role(&mut metrics) else { return };
+        if role != ServerState::Leader {
             signal.planned_ms.store(u64::MAX, Ordering::Release);
             tokio::select! {
-                r = metrics.wait_until(|m| m.state == ServerState::Leader) => if r.is_err() { return },
+                led = until_leading(&mut metrics) => if !led { return },
                 _ = shutdown.changed() => {}
             }
             continue;

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use delayd_core::{Delivery, QueueName, Webhook};
+use delayd_raft::cluster::{until_leading, ServerWatch};
 use hmac::{Hmac, Mac};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
@@ -34,7 +35,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::rate::Bucket;
-use crate::service::admin::{until_leading, RaftWatch};
 use crate::service::reserve::{ReserveOrder, ReserveRequest};
 use crate::service::validate::{MAX_RESERVE_COUNT, RESERVED_ATTRIBUTE_PREFIX};
 use crate::service::{Principal, Service};
@@ -69,7 +69,7 @@ pub(crate) async fn run(service: Service) {
 
 /// While this node leads: one worker per queue with a webhook, restarted when its webhook
 /// changes, all stopped when leadership goes.
-async fn lead(service: &Service, client: &reqwest::Client, raft: &mut RaftWatch) {
+async fn lead(service: &Service, client: &reqwest::Client, raft: &mut ServerWatch) {
     let mut workers: HashMap<QueueName, (Webhook, JoinHandle<()>)> = HashMap::new();
     loop {
         let read = service.webhooks().await;

@@ -10,11 +10,11 @@
 
 use std::time::Duration;
 
+use delayd_raft::cluster::until_leading;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ServerState;
 
 use crate::error::ServiceError;
-use crate::service::admin::until_leading;
 use crate::service::Service;
 
 /// The longest sleep without looking at the index again.

@@ -74,7 +74,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(1);
 fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let outcome = runtime.block_on(run());
-    // Dropping the runtime would wait for every blocking task however long it runs.
     runtime.shutdown_timeout(EXIT_WAIT);
     outcome
 }

@@ -9,39 +9,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::Hasher;
 
 use delayd_core::{Cf, KvRead};
+use delayd_raft::cluster::ServerWatch;
 use delayd_raft::{ForwardOp, NodeStatus};
 use futures::future::join_all;
-use futures::FutureExt;
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::ServerState;
 
 use super::auth::{Principal, Scope};
 use super::validate::node_id;
 use super::Service;
 use crate::error::ServiceError;
-
-/// The node's Raft server state (role, leader, vote, membership), as watched: see
-/// [`delayd_raft::Cluster::server_watch`] for why tasks wait on this and not on the full
-/// metrics.
-pub(crate) type RaftWatch = delayd_raft::cluster::ServerWatch;
-
-/// Waits until this node leads: `true` once it does, `false` once its Raft has stopped.
-pub(crate) async fn until_leading(raft: &mut RaftWatch) -> bool {
-    loop {
-        // The watch closes when Raft stops, with the last role it published, often that of
-        // leader: a closed watch must be told from a leader's before the role is read, or a
-        // loop that leads until the role changes would start again at once, for ever.
-        if let Some(Err(_)) = raft.changed().now_or_never() {
-            return false;
-        }
-        if raft.borrow_and_update().state == ServerState::Leader {
-            return true;
-        }
-        if raft.changed().await.is_err() {
-            return false;
-        }
-    }
-}
 
 /// The cluster as one node sees it.
 #[derive(Clone, Debug)]
@@ -127,7 +103,7 @@ impl Service {
     }
 
     /// Watches this node's Raft state, for the tasks that work only while it leads.
-    pub(crate) fn raft_watch(&self) -> RaftWatch {
+    pub(crate) fn raft_watch(&self) -> ServerWatch {
         self.cluster().server_watch()
     }
 
