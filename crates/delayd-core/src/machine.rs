@@ -29,8 +29,8 @@ use crate::model::{
 pub const DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
 
 /// What an applied batch means for the world outside the state machine: which long-poll
-/// waiters to wake, whether the timer pump must wake earlier than it planned, and what
-/// happened to jobs (for metrics).
+/// waiters to wake, whether the timer pump must wake earlier than it planned, which queues
+/// have a job to hand out (a leader's hint), and what happened to jobs (for metrics).
 ///
 /// Every replica applies the same entries, so every replica computes the same effects.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -59,6 +59,11 @@ pub struct Effects {
     pub webhooks_changed: bool,
     /// Whether the batch set, removed or fired a schedule: the schedule pump looks again.
     pub schedules_changed: bool,
+    /// The queues whose metadata the batch changed, each with whether a reserve from it
+    /// would find a job once the batch is applied (some ready and the queue not paused). A
+    /// leader keeps these as hints, so that a reserve from a busy queue goes to the log
+    /// without a look at the state for whether it would find nothing.
+    pub reservable: BTreeMap<QueueName, bool>,
 }
 
 /// How many jobs of one queue went through each transition in an applied batch.
@@ -114,6 +119,8 @@ impl Effects {
         self.deleted_tokens.extend(other.deleted_tokens);
         self.webhooks_changed |= other.webhooks_changed;
         self.schedules_changed |= other.schedules_changed;
+        // Later batches are applied after: their word on a queue is the current one.
+        self.reservable.extend(other.reservable);
     }
 
     /// Counts `n` jobs made ready in `queue`.
@@ -1317,11 +1324,14 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         Ok(())
     }
 
-    /// Writes the metadata the entry changed into the overlay.
+    /// Writes the metadata the entry changed into the overlay, and tells the effects whether
+    /// each of those queues has a job a reserve would find.
     fn write_metas(&mut self) {
         for (queue, (meta, changed)) in std::mem::take(&mut self.metas) {
             if changed {
                 self.kv.put(Cf::Queues, keys::queue(&queue), encode(&meta));
+                let reservable = !meta.paused && meta.count(JobState::Ready) > 0;
+                self.effects.reservable.insert(queue, reservable);
             }
         }
     }
@@ -1387,6 +1397,71 @@ mod tests {
     use super::testing::{new_job, run};
     use super::*;
     use crate::kv::MemKv;
+
+    /// A later batch's word on a queue's jobs replaces an earlier one's when batches fold.
+    #[test]
+    fn merged_effects_keep_the_later_batch_word_on_a_queue() {
+        let (a, b) = (QueueName::new("ns", "a"), QueueName::new("ns", "b"));
+        let with = |pairs: &[(&QueueName, bool)]| Effects {
+            reservable: pairs.iter().map(|(q, r)| ((*q).clone(), *r)).collect(),
+            ..Effects::default()
+        };
+        let mut folded = with(&[(&a, true), (&b, true)]);
+        folded.merge(with(&[(&a, false)]));
+        assert_eq!(folded.reservable, with(&[(&a, false), (&b, true)]).reservable);
+    }
+
+    /// The effects say, for each queue an entry changed, whether a reserve would find a job
+    /// once it is applied, as `query::anything_ready` would read it from the state; queues
+    /// the entry did not change are not named.
+    #[test]
+    fn effects_say_which_changed_queues_have_a_job_to_hand_out() {
+        let (a, b) = (QueueName::new("ns", "a"), QueueName::new("ns", "b"));
+        let reserve = |q: &QueueName, seed| Command::Reserve {
+            queues: vec![q.clone()],
+            count: 1,
+            ttr_ms: None,
+            lease_seed: seed,
+        };
+        let mut kv = MemKv::default();
+        let mut says = |now, commands| {
+            let effects = run(&mut kv, now, commands);
+            for (q, &r) in &effects.reservable {
+                assert_eq!(
+                    r,
+                    crate::query::anything_ready(&kv, std::slice::from_ref(q)).expect("read")
+                );
+            }
+            effects.reservable.into_iter().map(|(q, r)| (q.queue, r)).collect::<Vec<_>>()
+        };
+        let publish = |q: &QueueName, id, delay| Command::Publish {
+            queue: q.clone(),
+            job: new_job(id, delay),
+        };
+        let (yes, no) = (true, false);
+        let s = |q: &str, r| (q.to_string(), r);
+        // A delayed job is not one to hand out yet.
+        assert_eq!(
+            says(1_000, vec![publish(&a, 1, 0), publish(&b, 2, 60_000)]),
+            [s("a", yes), s("b", no)]
+        );
+        // Taking the last ready job; b untouched.
+        assert_eq!(says(1_001, vec![reserve(&a, 1)]), [s("a", no)]);
+        // A paused queue hands nothing out, whatever it holds.
+        assert_eq!(
+            says(
+                1_002,
+                vec![publish(&a, 3, 0), Command::SetPaused { queue: a.clone(), paused: true }]
+            ),
+            [s("a", no)]
+        );
+        assert_eq!(
+            says(1_003, vec![Command::SetPaused { queue: a.clone(), paused: false }]),
+            [s("a", yes)]
+        );
+        // An entry that reads a queue without changing it says nothing of it.
+        assert_eq!(says(1_004, vec![reserve(&b, 2)]), []);
+    }
 
     /// A queue's metadata is cached for the length of an entry (`Tx::metas`): later commands
     /// of the entry see the earlier ones' changes, the effects computed from it are those of

@@ -37,6 +37,7 @@ use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
 use crate::propose::Proposer;
 use crate::pump::{self, PumpSignal};
 use crate::relay::{Relay, RelayStats};
+use crate::reservable::Reservable;
 use crate::riders::Riders;
 use crate::server::{self, ForwardHandler, LeaderContact, Services};
 
@@ -64,6 +65,11 @@ struct Inner {
     inbox: SnapshotInbox,
     proposer: Proposer,
     riders: Arc<Riders>,
+    /// Wakes the timer pump to read the timer index again.
+    pump: Arc<PumpSignal>,
+    /// Queues with a job to hand out, as last applied here: spares a leader's reserve from a
+    /// busy queue the look at the state for an idle answer.
+    reservable: Arc<Reservable>,
     network: GrpcNetwork,
     relay: Relay,
     shutdown: watch::Sender<bool>,
@@ -209,9 +215,14 @@ impl Cluster {
                 .map_err(|e| ClusterError::Internal(format!("raft: {e}")))?;
 
         let signal = Arc::new(PumpSignal::default());
+        let reservable = Arc::new(Reservable::default());
         {
-            let (observer, signal) = (observer.clone(), signal.clone());
+            let (observer, signal, reservable) =
+                (observer.clone(), signal.clone(), reservable.clone());
             reader.set_listener(Arc::new(move |effects: &Effects| {
+                // The hints first: the waiters the observer wakes reserve again, and should
+                // find the queues they are woken for listed.
+                reservable.applied(effects);
                 observer.applied(effects);
                 if let Some(t) = effects.earliest_timer_ms {
                     signal.timer_added(t);
@@ -237,6 +248,7 @@ impl Cluster {
                 raft.clone(),
                 observer,
                 signal.clone(),
+                reservable.clone(),
                 shutdown_rx.clone(),
             )),
             tokio::spawn(pump::run(
@@ -244,7 +256,7 @@ impl Cluster {
                 reader.clone(),
                 proposer.clone(),
                 clock.clone(),
-                signal,
+                signal.clone(),
                 riders.clone(),
                 config.tick_limit,
                 shutdown_rx,
@@ -259,6 +271,8 @@ impl Cluster {
                 inbox,
                 proposer,
                 riders,
+                pump: signal,
+                reservable,
                 network,
                 relay,
                 shutdown,
@@ -402,6 +416,14 @@ impl Cluster {
     /// The node's wall clock (the one that stamps entries when this node leads).
     pub fn clock(&self) -> &Clock {
         &self.inner.clock
+    }
+
+    /// Shifts this node's clock by `offset_ms` from the wall clock (test-only, see
+    /// [`Clock::set_offset_ms`]) and wakes the timer pump, which may be sleeping towards a
+    /// deadline the new time has already passed, or to one it has moved away from.
+    pub fn shift_clock(&self, offset_ms: i64) {
+        self.inner.clock.set_offset_ms(offset_ms);
+        self.inner.pump.wake();
     }
 
     /// The openraft handle, for metrics.
@@ -775,9 +797,18 @@ impl Cluster {
             }
             Ok(Some(outcomes))
         };
-        // The cheap test first, on the state as it is: under load there is work to do and
-        // nothing more is spent here.
-        if !commands.iter().all(|c| matches!(c, Command::Reserve { .. }))
+        // The cheap tests first: under load there is work to do and nothing more is spent
+        // here. A queue that had a job at its last change needs no look at all; the others
+        // are looked up in the state as it is.
+        let reserves = || {
+            commands.iter().map(|c| match c {
+                Command::Reserve { queues, .. } | Command::ReserveUrgent { queues, .. } => {
+                    Some(queues.as_slice())
+                }
+                _ => None,
+            })
+        };
+        if reserves().any(|q| q.is_none_or(|q| self.inner.reservable.any(q)))
             || idle(&self.inner.reader.read_view()?)?.is_none()
         {
             return Ok(None);
@@ -871,11 +902,15 @@ enum Try {
 }
 
 /// A snapshot installed from the leader replaces the state wholesale without going through
-/// apply: tell the observer, and wake the pump to look at the timer index again.
+/// apply: tell the observer, and wake the pump to look at the timer index again. The hints of
+/// which queues have a job are forgotten whenever the snapshot changes, on a leader too (a node
+/// may install a snapshot and win an election before this task sees the install); a snapshot
+/// this node built itself changes nothing, and only costs the hints' rebuilding.
 async fn watch_snapshots(
     raft: Raft,
     observer: Arc<dyn Observer>,
     signal: Arc<PumpSignal>,
+    reservable: Arc<Reservable>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     // The snapshot's own watch, published only when it changes (the full metrics change
@@ -891,9 +926,10 @@ async fn watch_snapshots(
         let snapshot = snapshots.get();
         if snapshot != last {
             last = snapshot;
+            reservable.clear();
             if server.borrow_watched().state != ServerState::Leader {
                 observer.replaced();
-                signal.timer_added(0);
+                signal.wake();
             }
         }
     }

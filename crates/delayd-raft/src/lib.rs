@@ -55,6 +55,7 @@ pub mod network;
 pub mod propose;
 pub mod pump;
 pub mod relay;
+pub mod reservable;
 pub mod riders;
 pub mod server;
 pub mod tls;

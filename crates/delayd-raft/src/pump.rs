@@ -1,7 +1,8 @@
 //! The timer pump: runs only while this node is the leader.
 //!
-//! It reads the head of the timer index (one RocksDB seek), sleeps until that deadline or
-//! until an applied entry adds an earlier one, then proposes a `Tick` that fires at most
+//! It reads the head of the timer index (one RocksDB seek), sleeps until that deadline, until
+//! an applied entry adds an earlier one, or until woken to look again (a snapshot replaced the
+//! state; the test-only clock moved), then proposes a `Tick` that fires at most
 //! `tick_limit` deadlines; when the tick reports more, it proposes the next at once. The head
 //! is re-read every round, so a new leader needs no warm-up: the index in RocksDB is the
 //! whole truth. Waking slightly early is harmless — the tick fires only what is due at the
@@ -41,7 +42,8 @@ const IDLE_TICK_PAUSE: Duration = Duration::from_millis(10);
 /// Shared between the pump and the apply listener.
 #[derive(Default)]
 pub struct PumpSignal {
-    /// Woken when an applied entry adds a deadline earlier than `planned_ms`.
+    /// Woken when an applied entry adds a deadline earlier than `planned_ms`, and by
+    /// [`PumpSignal::wake`].
     pub notify: Notify,
     /// The deadline the pump currently sleeps towards (`u64::MAX`: none).
     pub planned_ms: AtomicU64,
@@ -59,6 +61,12 @@ impl PumpSignal {
     /// Records the deadline the pump is about to sleep towards (`None`: no timer at all).
     pub fn plan(&self, deadline_ms: Option<u64>) {
         self.planned_ms.store(deadline_ms.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// Wakes the pump to read the timer index again, whatever it sleeps towards: for what
+    /// changes the timers' meaning without adding one (a snapshot installed, the clock moved).
+    pub fn wake(&self) {
+        self.notify.notify_one();
     }
 
     /// Called after each applied batch that added timers.

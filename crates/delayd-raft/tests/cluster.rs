@@ -470,7 +470,9 @@ async fn a_followers_concurrent_writes_share_forward_calls() -> Result {
 }
 
 /// A reserve that finds nothing ready is answered by the leader without a log entry, also
-/// when it came through a follower; one that finds a job goes through the log as before.
+/// when it came through a follower; one that finds a job goes through the log as before, and
+/// once the queue is drained again, so are idle reserves (the leader's hint that the queue
+/// had a job is gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_reserve_costs_no_log_entry() -> Result {
     let mut c = TestCluster::three().await?;
@@ -496,6 +498,22 @@ async fn an_idle_reserve_costs_no_log_entry() -> Result {
             assert_eq!(got.iter().map(|d| d.job.id).collect::<Vec<_>>(), [JobId(c.next_job)]);
         }
         other => return Err(format!("unexpected outcome {other:?}").into()),
+    }
+    // Clients hear of an applied entry before the leader's hints do, so the first idle
+    // reserves after the drain may still be written; within the deadline one must not be.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = last_log(&c);
+        match &c.node(leader).propose(vec![reserve()]).await?[..] {
+            [Outcome::Ok(Reply::Reserved(got))] => assert!(got.is_empty(), "{got:?}"),
+            other => return Err(format!("unexpected outcome {other:?}").into()),
+        }
+        if last_log(&c) == before {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("idle reserves of a drained queue are still written to the log".into());
+        }
     }
     c.stop_all().await;
     Ok(())

@@ -610,10 +610,13 @@ pub(crate) async fn watch_leader(cluster: Cluster, metrics: Arc<Metrics>) {
     loop {
         // Leader and term both from the vote as written (`current_leader` comes from the
         // vote in memory, which may be a term ahead of it for a moment): a granted leader.
+        // Not term 0: the node that forms the cluster writes itself a granted vote of term 0
+        // to append the first membership entry, before any election (openraft's
+        // `initialize`); counted, it made that node's count one more than the others'.
         let seen = {
             let m = server.borrow_and_update();
-            let vote = &m.vote;
-            vote.is_committed().then(|| (*vote.leader_id().node_id(), vote.leader_id().term()))
+            let (vote, term) = (&m.vote, m.vote.leader_id().term());
+            (vote.is_committed() && term > 0).then(|| (*vote.leader_id().node_id(), term))
         };
         if seen.is_some() && seen != last {
             metrics.leader_changed();

@@ -1386,6 +1386,19 @@ async fn a_shifted_clock_stamps_due_times_and_drives_the_pump() {
     let waited = wall_ms() - before;
     assert!((1_000..4_000).contains(&waited), "delivered after {waited} ms");
 
+    // A job due in a minute, then the clock moved past it: the pump, asleep towards the
+    // minute, is woken by the shift and delivers at once rather than a minute later.
+    let (status, v) = t.put(&format!("{Q}?delay_ms=60000"), "jumped").await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let id = v["job_id"].as_str().unwrap().to_string();
+    let (status, v) = t.put(&format!("/debug/clock?offset_ms={}", HOUR + 61_000), "").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let before = wall_ms();
+    let got = t.reserve(&format!("{Q}?timeout=5")).await;
+    assert_eq!(got["job_id"], id, "not delivered after the clock passed its due time");
+    let waited = wall_ms() - before;
+    assert!(waited < 4_000, "delivered after {waited} ms");
+
     let (status, v) = t.put("/debug/clock?offset_ms=0", "").await;
     assert_eq!((status, v["offset_ms"].as_i64()), (StatusCode::OK, Some(0)));
     t.stop().await;

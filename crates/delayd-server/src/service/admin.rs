@@ -260,10 +260,9 @@ impl Service {
         if offset_ms.unsigned_abs() > 86_400_000 {
             return Err(ServiceError::bad_request("offset_ms must be within ±86400000"));
         }
-        let clock = self.cluster().clock();
-        clock.set_offset_ms(offset_ms);
+        self.cluster().shift_clock(offset_ms);
         tracing::warn!(offset_ms, "debug clock offset set");
-        Ok((offset_ms, clock.now_ms()))
+        Ok((offset_ms, self.cluster().clock().now_ms()))
     }
 
     fn debug_clock_enabled(&self) -> Result<(), ServiceError> {
