@@ -60,9 +60,9 @@ pub struct Effects {
     /// Whether the batch set, removed or fired a schedule: the schedule pump looks again.
     pub schedules_changed: bool,
     /// The queues whose metadata the batch changed, each with whether a reserve from it
-    /// would find a job once the batch is applied (some ready and the queue not paused). A
-    /// leader keeps these as hints, so that a reserve from a busy queue goes to the log
-    /// without a look at the state for whether it would find nothing.
+    /// would find a job once the batch is applied (some ready and the queue not paused). Each
+    /// node keeps these as hints, so that as leader it sends a reserve from a busy queue to the
+    /// log without a look at the state for whether it would find nothing.
     pub reservable: BTreeMap<QueueName, bool>,
 }
 

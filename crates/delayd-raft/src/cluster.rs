@@ -800,17 +800,13 @@ impl Cluster {
         // The cheap tests first: under load there is work to do and nothing more is spent
         // here. A queue that had a job at its last change needs no look at all; the others
         // are looked up in the state as it is.
-        let reserves = || {
-            commands.iter().map(|c| match c {
-                Command::Reserve { queues, .. } | Command::ReserveUrgent { queues, .. } => {
-                    Some(queues.as_slice())
-                }
-                _ => None,
-            })
-        };
-        if reserves().any(|q| q.is_none_or(|q| self.inner.reservable.any(q)))
-            || idle(&self.inner.reader.read_view()?)?.is_none()
-        {
+        let must_propose = commands.iter().any(|c| match c {
+            Command::Reserve { queues, .. } | Command::ReserveUrgent { queues, .. } => {
+                self.inner.reservable.any(queues)
+            }
+            _ => true,
+        });
+        if must_propose || idle(&self.inner.reader.read_view()?)?.is_none() {
             return Ok(None);
         }
         // Then for real: after a read barrier, a job whose publish was acknowledged anywhere
