@@ -11,8 +11,8 @@
 //! and an idle answer is still given only from the state after a read barrier. A queue it
 //! lists wrongly costs a log entry for a reserve that finds nothing (what every reserve cost
 //! before idle answers existed), never a wrong answer. That happens in the instant between an
-//! apply, whose clients are answered first, and its listener; and after a snapshot replaced
-//! the state, until the snapshot watcher clears the hints.
+//! apply's write and its listener, which runs right after it on the same thread; and after a
+//! snapshot replaced the state, until the snapshot watcher clears the hints.
 
 use std::collections::HashSet;
 use std::sync::{Mutex, PoisonError};

@@ -181,6 +181,20 @@ impl Shared {
         Ok((replies, effects))
     }
 
+    /// [`Shared::apply`], then the listener, on the same thread: the listener hears of the
+    /// batch the moment it is visible to readers. Told after a hop back from the blocking
+    /// pool instead, it lagged behind what readers saw, and a leader's hint of which queues
+    /// have a job (kept by the listener) sent reserves that would find nothing to the log
+    /// (measured: 5 % more such proposals in the timer workload).
+    fn apply_and_tell(&self, entries: &[LogEntry]) -> Result<Vec<Vec<Outcome>>, StoreError> {
+        let (replies, effects) = self.apply(entries)?;
+        let listener = self.listener.read().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(listener) = listener {
+            listener(&effects);
+        }
+        Ok(replies)
+    }
+
     /// Writes one applied batch atomically with the last applied log id and, if the batch
     /// changed it, the membership.
     fn write_applied(
@@ -472,8 +486,10 @@ impl StateMachineStore {
 
     /// Sets the function called after every applied batch, replacing any previous one.
     ///
-    /// It runs on openraft's apply path, after the batch is written and before the next batch
-    /// is applied: it must be quick and must not block (wake tasks, don't do work). It is not
+    /// It runs on openraft's apply path, on the thread that wrote the batch (the state
+    /// machine's task, or the blocking pool for a large batch), right after the write and
+    /// before the batch's clients are answered or the next batch is applied: it must be quick
+    /// and must not block (wake tasks, don't do work). It is not
     /// called for snapshot installs, which replace the whole state: treat a change of the
     /// snapshot in `Raft::metrics()` as "everything may have changed".
     pub fn set_listener(&self, listener: ApplyListener) {
@@ -583,7 +599,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     /// Takes every entry openraft has ready, applies them as one batch (see
-    /// [`Shared::apply`]), then answers each entry's client and tells the listener.
+    /// [`Shared::apply`]) and tells the listener, then answers each entry's client.
     async fn apply<Strm>(&mut self, entries: Strm) -> Result<(), io::Error>
     where
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
@@ -598,20 +614,16 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // of microseconds — less than the hop to the blocking pool and back. Large batches
         // go to the pool so that one apply never holds an async worker for long.
         let commands: usize = entries.iter().map(entry_commands).sum();
-        let (replies, effects) = if commands <= INLINE_APPLY_COMMANDS {
-            self.shared.apply(&entries)?
+        let replies = if commands <= INLINE_APPLY_COMMANDS {
+            self.shared.apply_and_tell(&entries)?
         } else {
             let shared = self.shared.clone();
-            blocking(move || shared.apply(&entries)).await?
+            blocking(move || shared.apply_and_tell(&entries)).await?
         };
         for (responder, reply) in responders.into_iter().zip(replies) {
             if let Some(responder) = responder {
                 responder.send(reply);
             }
-        }
-        let listener = self.shared.listener.read().unwrap_or_else(PoisonError::into_inner).clone();
-        if let Some(listener) = listener {
-            listener(&effects);
         }
         Ok(())
     }
