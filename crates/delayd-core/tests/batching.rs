@@ -11,7 +11,9 @@
 //! respawns, purges, destroys, pauses and ticks; schedules set, deleted and fired, their jobs
 //! keyed by occurrence; webhooks and tokens set and deleted) are applied once as up to three
 //! entries at advancing clocks and once as one entry per command at each entry's clock: every
-//! reply, every effect and every stored byte must be the same.
+//! reply, every effect and every stored byte must be the same. The second run folds its
+//! entries' effects with `Effects::merge`, as the store folds a batch's, so merging is checked
+//! against effects added up within one apply.
 
 #![allow(clippy::unwrap_used)]
 
@@ -313,15 +315,23 @@ fn fill_delivered(
 type Stored = Vec<(Cf, Vec<u8>, Vec<u8>)>;
 
 /// Applies `entries` (each a clock and its commands) to an empty store: the replies in order,
-/// everything stored, and the effects of all entries together.
-fn run(entries: &[(u64, Vec<Command>)]) -> (Vec<Outcome>, Stored, Effects) {
+/// everything stored, and the effects of all entries together. With `merged`, each entry's
+/// effects are its own and are folded with [`Effects::merge`], as the store folds a batch's
+/// entries; otherwise every entry adds to the same effects.
+fn run(entries: &[(u64, Vec<Command>)], merged: bool) -> (Vec<Outcome>, Stored, Effects) {
     let mut kv = MemKv::default();
     let mut outcomes = Vec::new();
     let mut effects = Effects::default();
     for (now_ms, commands) in entries {
         let mut overlay = Overlay::new(&kv);
         let entry = Entry::new(*now_ms, commands.clone());
-        outcomes.extend(apply(&mut overlay, &entry, &mut effects).unwrap());
+        if merged {
+            let mut own = Effects::default();
+            outcomes.extend(apply(&mut overlay, &entry, &mut own).unwrap());
+            effects.merge(own);
+        } else {
+            outcomes.extend(apply(&mut overlay, &entry, &mut effects).unwrap());
+        }
         let writes: Vec<_> = overlay.into_writes().collect();
         kv.apply(writes);
     }
@@ -361,8 +371,10 @@ proptest! {
             .iter()
             .flat_map(|(now_ms, commands)| commands.iter().map(|c| (*now_ms, vec![c.clone()])))
             .collect();
-        let (replies_together, stored_together, effects_together) = run(&together);
-        let (replies_apart, stored_apart, effects_apart) = run(&apart);
+        // Apart, each entry's effects are merged into the others' (as a store's batch is);
+        // together, they add up in place: both must say the same.
+        let (replies_together, stored_together, effects_together) = run(&together, false);
+        let (replies_apart, stored_apart, effects_apart) = run(&apart, true);
         prop_assert_eq!(replies_together, replies_apart);
         prop_assert_eq!(stored_together, stored_apart);
         prop_assert_eq!(effects_together, effects_apart);
