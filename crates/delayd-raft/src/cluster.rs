@@ -43,7 +43,10 @@ use crate::server::{self, ForwardHandler, LeaderContact, Services};
 
 /// What the node's owner wants to hear about the replicated state.
 pub trait Observer: Send + Sync + 'static {
-    /// An applied batch of entries had these effects (called on the apply path: be quick).
+    /// An applied batch of entries had these effects. Called on the apply path, on whichever
+    /// thread applied the batch (an async worker, or the blocking pool for a large batch),
+    /// before the batch's clients are answered: be quick, don't block, don't panic (a panic
+    /// stops the node).
     fn applied(&self, effects: &Effects);
 
     /// A snapshot from the leader replaced the whole state without going through apply, so

@@ -478,8 +478,13 @@ async fn an_idle_reserve_costs_no_log_entry() -> Result {
     let mut c = TestCluster::three().await?;
     let (leader, _) = c.agreed_leader().await?;
     let follower = (1..=3).find(|id| *id != leader).ok_or("no follower")?;
-    let reserve =
-        || Command::Reserve { queues: vec![queue()], count: 1, ttr_ms: None, lease_seed: 7 };
+    // Leased for an hour: no lease runs out (and no tick is written) while the test runs.
+    let reserve = || Command::Reserve {
+        queues: vec![queue()],
+        count: 1,
+        ttr_ms: Some(3_600_000),
+        lease_seed: 7,
+    };
     let last_log = |c: &TestCluster| c.node(leader).metrics().last_log_index;
     let before = last_log(&c);
     for via in [leader, follower] {
@@ -517,18 +522,21 @@ async fn an_idle_reserve_costs_no_log_entry() -> Result {
 /// never behind what a client has been told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_hears_of_a_batch_before_its_clients_are_answered() -> Result {
-    /// Takes its time over every batch that published something, then counts it.
-    struct Slow(Arc<std::sync::atomic::AtomicUsize>);
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    /// Takes its time over every batch that published something, then counts it. The wait
+    /// hands its worker's queue to another thread (`block_in_place`), so a client woken
+    /// before the listener was called could run meanwhile and see the count unchanged.
+    struct Slow(Arc<AtomicUsize>);
     impl Observer for Slow {
         fn applied(&self, effects: &Effects) {
             if effects.events.values().any(|e| e.published > 0) {
-                std::thread::sleep(Duration::from_millis(100));
-                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::block_in_place(|| std::thread::sleep(Duration::from_millis(100)));
+                self.0.fetch_add(1, SeqCst);
             }
         }
         fn replaced(&self) {}
     }
-    let told = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let told = Arc::new(AtomicUsize::new(0));
     let (dir, faults) = (tempfile::tempdir()?, Arc::new(Faults::default()));
     let observer = Arc::new(Slow(told.clone()));
     let node = Cluster::open(
@@ -547,7 +555,8 @@ async fn the_listener_hears_of_a_batch_before_its_clients_are_answered() -> Resu
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut next = 0u128;
-    // One publish is applied inline; two hundred in one entry go to the blocking pool.
+    // One publish is applied inline; 200 in one entry are more than the store applies inline
+    // (64 commands), so they go to the blocking pool.
     for (batch, jobs) in [1, 200].into_iter().enumerate() {
         let commands = (0..jobs)
             .map(|_| {
@@ -555,8 +564,9 @@ async fn the_listener_hears_of_a_batch_before_its_clients_are_answered() -> Resu
                 Command::Publish { queue: queue(), job: new_job(JobId(next)) }
             })
             .collect();
-        node.propose(commands).await?;
-        let seen = told.load(std::sync::atomic::Ordering::SeqCst);
+        let outcomes = node.propose(commands).await?;
+        assert!(outcomes.iter().all(|o| matches!(o, Ok(Reply::Published { .. }))), "{outcomes:?}");
+        let seen = told.load(SeqCst);
         assert!(seen > batch, "batch {batch} answered before its listener was done ({seen} told)");
     }
     node.shutdown().await;
