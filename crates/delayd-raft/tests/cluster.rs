@@ -56,10 +56,32 @@ fn config(id: u64, dir: &TempDir, faults: &Arc<Faults>, join: bool) -> ClusterCo
 }
 
 async fn start(config: ClusterConfig, replication: ReplicationMetrics) -> Result<Cluster> {
-    let cluster =
-        Cluster::open(config, Arc::new(Quiet), StoreMetrics::default(), replication).await?;
+    start_observed(config, Arc::new(Quiet), replication).await
+}
+
+/// [`start`], with `observer` told of every applied batch.
+async fn start_observed(
+    config: ClusterConfig,
+    observer: Arc<dyn Observer>,
+    replication: ReplicationMetrics,
+) -> Result<Cluster> {
+    let cluster = Cluster::open(config, observer, StoreMetrics::default(), replication).await?;
     cluster.serve(None).await?;
     Ok(cluster)
+}
+
+/// Polls `node`'s view until `ok` holds (every change of Raft's metrics is a poll).
+async fn wait_for(node: &Cluster, what: &str, ok: impl Fn(&Cluster) -> bool) -> Result {
+    let deadline = Instant::now() + WAIT;
+    let mut metrics = node.raft().metrics();
+    use openraft::async_runtime::watch::WatchReceiver;
+    while !ok(node) {
+        if Instant::now() >= deadline {
+            return Err(format!("{what}: not within {WAIT:?}").into());
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(20), metrics.changed()).await;
+    }
+    Ok(())
 }
 
 impl TestCluster {
@@ -97,19 +119,9 @@ impl TestCluster {
         self.nodes.iter().flatten()
     }
 
-    /// Polls `node`'s view until `ok` holds (every change of Raft's metrics is a poll).
+    /// Polls node `id`'s view until `ok` holds (see [`wait_for`]).
     async fn wait(&self, id: u64, what: &str, ok: impl Fn(&Cluster) -> bool) -> Result {
-        let node = self.node(id);
-        let deadline = Instant::now() + WAIT;
-        let mut metrics = node.raft().metrics();
-        use openraft::async_runtime::watch::WatchReceiver;
-        while !ok(node) {
-            if Instant::now() >= deadline {
-                return Err(format!("node {id}: {what}: not within {WAIT:?}").into());
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(20), metrics.changed()).await;
-        }
-        Ok(())
+        wait_for(self.node(id), &format!("node {id}: {what}"), ok).await
     }
 
     /// The leader every running node agrees on, with its term.
@@ -539,21 +551,9 @@ async fn the_listener_hears_of_a_batch_before_its_clients_are_answered() -> Resu
     let told = Arc::new(AtomicUsize::new(0));
     let (dir, faults) = (tempfile::tempdir()?, Arc::new(Faults::default()));
     let observer = Arc::new(Slow(told.clone()));
-    let node = Cluster::open(
-        config(1, &dir, &faults, false),
-        observer,
-        StoreMetrics::default(),
-        ReplicationMetrics::default(),
-    )
-    .await?;
-    node.serve(None).await?;
-    let deadline = Instant::now() + WAIT;
-    while !node.is_leader() {
-        if Instant::now() >= deadline {
-            return Err(format!("no leader within {WAIT:?}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let config = config(1, &dir, &faults, false);
+    let node = start_observed(config, observer, ReplicationMetrics::default()).await?;
+    wait_for(&node, "node 1 leads", Cluster::is_leader).await?;
     let mut next = 0u128;
     // One publish is applied inline; 200 in one entry are more than the store applies inline
     // (64 commands), so they go to the blocking pool.
