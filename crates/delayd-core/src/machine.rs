@@ -363,7 +363,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             Command::SetPaused { queue, paused } => {
                 let mut meta = self.meta(queue)?;
                 meta.paused = *paused;
-                if !paused && meta.count(JobState::Ready) > 0 {
+                if meta.has_job_to_hand_out() {
                     self.effects.made_ready(queue, meta.count(JobState::Ready));
                 }
                 self.save_meta(queue, meta)?;
@@ -1330,8 +1330,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         for (queue, (meta, changed)) in std::mem::take(&mut self.metas) {
             if changed {
                 self.kv.put(Cf::Queues, keys::queue(&queue), encode(&meta));
-                let reservable = !meta.paused && meta.count(JobState::Ready) > 0;
-                self.effects.reservable.insert(queue, reservable);
+                self.effects.reservable.insert(queue, meta.has_job_to_hand_out());
             }
         }
     }

@@ -193,6 +193,11 @@ impl QueueMeta {
     pub fn count(&self, state: JobState) -> u64 {
         self.counts[state.index()]
     }
+
+    /// Whether a reserve from the queue would find a job: some ready, and not paused.
+    pub fn has_job_to_hand_out(&self) -> bool {
+        !self.paused && self.count(JobState::Ready) > 0
+    }
 }
 
 /// The attribute in which a job records its last failed delivery (see

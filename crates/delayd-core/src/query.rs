@@ -189,7 +189,7 @@ pub fn queue_meta(kv: &impl KvRead, queue: &QueueName) -> Result<QueueMeta, KvEr
 pub fn anything_ready(kv: &impl KvRead, queues: &[QueueName]) -> Result<bool, KvError> {
     for queue in queues {
         let meta = queue_meta(kv, queue)?;
-        if !meta.paused && meta.count(crate::model::JobState::Ready) > 0 {
+        if meta.has_job_to_hand_out() {
             return Ok(true);
         }
     }
