@@ -11,8 +11,6 @@ use rocksdb::{
 use serde::de::DeserializeOwned;
 
 use crate::error::StoreError;
-use crate::jobcache::JobCache;
-use crate::metrics::StoreMetrics;
 
 /// The RocksDB handle type. Spelled out (rather than `rocksdb::DB`) so that a feature switch
 /// elsewhere in the build cannot change how column-family handles are borrowed.
@@ -189,32 +187,22 @@ pub(crate) fn log_key(index: u64) -> [u8; 8] {
 /// or one RocksDB snapshot (a consistent point-in-time view).
 ///
 /// The live form is what `apply` layers its overlay on: apply is the only writer, so its reads
-/// are consistent without a snapshot, and it reads job records through the [`JobCache`] of
-/// what recent applies wrote ([`ReadView::applying`]). The snapshot form is what queries and
-/// snapshot building use, since they run while apply keeps writing.
+/// are consistent without a snapshot. The snapshot form is what queries and snapshot building
+/// use, since they run while apply keeps writing.
 pub struct ReadView<'a> {
     db: &'a Db,
     snapshot: Option<SnapshotWithThreadMode<'a, Db>>,
-    /// Apply's view only: the job records recent applies wrote, and where reads are counted.
-    jobs: Option<(&'a JobCache, &'a StoreMetrics)>,
 }
 
 impl<'a> ReadView<'a> {
-    /// A view of the live database, without apply's cache: for tests that read it.
-    #[cfg(test)]
+    /// A view of the live database.
     pub(crate) fn live(db: &'a Db) -> Self {
-        ReadView { db, snapshot: None, jobs: None }
-    }
-
-    /// Apply's view of the live database: job records are looked up in `cache` first. Only
-    /// for the state machine's apply, the one writer, which keeps `cache` exact.
-    pub(crate) fn applying(db: &'a Db, cache: &'a JobCache, metrics: &'a StoreMetrics) -> Self {
-        ReadView { db, snapshot: None, jobs: Some((cache, metrics)) }
+        ReadView { db, snapshot: None }
     }
 
     /// A view of the database as it is now, unaffected by later writes.
     pub(crate) fn snapshot(db: &'a Db) -> Self {
-        ReadView { db, snapshot: Some(db.snapshot()), jobs: None }
+        ReadView { db, snapshot: Some(db.snapshot()) }
     }
 
     /// The last log id applied to the state this view shows.
@@ -268,13 +256,6 @@ fn kv_err(e: StoreError) -> KvError {
 
 impl KvRead for ReadView<'_> {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
-        if let (Cf::Jobs, Some((cache, metrics))) = (cf, self.jobs) {
-            if let Some(record) = cache.get(key) {
-                metrics.job_reads_memory.inc();
-                return Ok(record);
-            }
-            metrics.job_reads_rocksdb.inc();
-        }
         let handle = crate::db::cf(self.db, cf.name()).map_err(kv_err)?;
         let value = match &self.snapshot {
             Some(snapshot) => snapshot.get_cf(handle, key),

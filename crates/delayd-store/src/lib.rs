@@ -63,10 +63,6 @@
 //! run on the calling task: applying a batch of at most 64 commands, the log's unsynced
 //! appends, its reads and `save_committed`.
 //!
-//! Apply's reads of job records are mostly of records an apply just wrote (an ack reads what
-//! its reserve wrote); the last ones written stay in memory for them, see `jobcache.rs`. Only
-//! apply, the one writer, reads through that cache, and a snapshot install clears it.
-//!
 //! The log's reads are mostly of the entries just appended (a leader reads each back once per
 //! follower and once to apply it); the last ones stay decoded in memory for them, see
 //! `recent.rs`. That window is the log's tail and changes only with the log's own writes.
@@ -96,7 +92,6 @@ mod backup;
 mod db;
 mod error;
 mod identity;
-mod jobcache;
 mod log;
 mod metrics;
 mod recent;

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntGauge, Opts, Registry};
 
 /// Handles for the metrics the store records; see `docs/metrics.md` for their meaning.
 #[derive(Clone)]
@@ -30,12 +30,6 @@ pub struct StoreMetrics {
     pub(crate) snapshot_bytes: IntGauge,
     /// The last commit index openraft handed to `save_committed`.
     pub(crate) commit_index: IntGauge,
-    /// Job records read by apply, by where they came from (`from`: `memory` or `rocksdb`).
-    job_reads: IntCounterVec,
-    /// `job_reads` for `from="memory"`: the record an earlier apply wrote, kept (`jobcache.rs`).
-    pub(crate) job_reads_memory: IntCounter,
-    /// `job_reads` for `from="rocksdb"`.
-    pub(crate) job_reads_rocksdb: IntCounter,
 }
 
 /// Bucket bounds for a histogram of seconds: 1 ms to 10 s, for fsyncs and appends, with
@@ -64,19 +58,7 @@ fn gauge(name: &str, help: &str) -> IntGauge {
 
 impl Default for StoreMetrics {
     fn default() -> Self {
-        let job_reads = IntCounterVec::new(
-            Opts::new(
-                "delayd_apply_job_reads_total",
-                "Job records read by the state machine while applying, by where they came \
-                 from: memory (written by a recent apply) or rocksdb.",
-            ),
-            &["from"],
-        )
-        .expect("valid counter options");
         StoreMetrics {
-            job_reads_memory: job_reads.with_label_values(&["memory"]),
-            job_reads_rocksdb: job_reads.with_label_values(&["rocksdb"]),
-            job_reads,
             log_append_seconds: histogram(
                 "delayd_log_append_seconds",
                 "Raft log appends, from the append call until the entries are fsynced.",
@@ -134,7 +116,6 @@ impl StoreMetrics {
             registry.register(Box::new(h.clone()))?;
         }
         registry.register(Box::new(self.snapshot_bytes.clone()))?;
-        registry.register(Box::new(self.job_reads.clone()))?;
         registry.register(Box::new(self.commit_index.clone()))
     }
 }

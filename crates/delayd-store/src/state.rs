@@ -19,7 +19,6 @@ use crate::db::{
     SM_RESERVED_PREFIX,
 };
 use crate::error::StoreError;
-use crate::jobcache::JobCache;
 use crate::metrics::{since, StoreMetrics};
 use crate::snapshot::{self, SnapshotDir, SnapshotReader, SnapshotRecord};
 use crate::{
@@ -69,9 +68,6 @@ pub(crate) struct Shared {
     /// Temporary files handed out by `begin_receiving_snapshot` and not yet installed.
     receiving: Mutex<Vec<std::path::PathBuf>>,
     listener: RwLock<Option<ApplyListener>>,
-    /// The job records recent applies wrote, for the applies that read them next; cleared
-    /// whenever the state is replaced (`load`).
-    jobs: JobCache,
     metrics: StoreMetrics,
 }
 
@@ -105,7 +101,6 @@ impl Shared {
             install_gate: RwLock::new(()),
             receiving: Mutex::new(Vec::new()),
             listener: RwLock::new(None),
-            jobs: JobCache::default(),
             metrics,
         };
         let unfinished: Option<SnapshotRecord> =
@@ -152,7 +147,7 @@ impl Shared {
         entries: &[LogEntry],
     ) -> Result<(Vec<Vec<Outcome>>, Effects), StoreError> {
         let started = Instant::now();
-        let live = ReadView::applying(&self.db, &self.jobs, &self.metrics);
+        let live = ReadView::live(&self.db);
         let mut overlay = Overlay::new(&live);
         let mut replies = Vec::with_capacity(entries.len());
         let mut effects = Effects::default();
@@ -208,9 +203,6 @@ impl Shared {
         membership: Option<StoredMembership>,
     ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
-        // The job records written, for the cache once the batch is in RocksDB (the batch
-        // holds copies of their bytes, so these move there without another).
-        let mut jobs = Vec::new();
         for (cf, key, value) in overlay.into_writes() {
             if cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX) {
                 return Err(StoreError::Corrupt(format!(
@@ -219,12 +211,9 @@ impl Shared {
                 )));
             }
             let handle = db::cf(&self.db, cf.name())?;
-            match &value {
-                Some(value) => batch.put_cf(handle, &key, value),
-                None => batch.delete_cf(handle, &key),
-            }
-            if cf == Cf::Jobs {
-                jobs.push((key, value));
+            match value {
+                Some(value) => batch.put_cf(handle, key, value),
+                None => batch.delete_cf(handle, key),
             }
         }
         let meta = db::cf(&self.db, Cf::Meta.name())?;
@@ -236,7 +225,6 @@ impl Shared {
         // this write also loses `last_applied` with it, so openraft re-applies the same
         // entries (see `db::unlogged`).
         self.db.write_opt(batch, &db::unlogged())?;
-        self.jobs.wrote(jobs);
         Ok(())
     }
 
@@ -386,9 +374,6 @@ impl Shared {
     /// membership and removes the marker. A restart in between calls this again.
     pub(crate) fn load(&self, record: &SnapshotRecord) -> Result<(), StoreError> {
         let _gate = self.install_gate.write().unwrap_or_else(PoisonError::into_inner);
-        // Every record the cache holds is about to be replaced or deleted (openraft applies
-        // nothing while a snapshot installs, so nothing refills it before the load is done).
-        self.jobs.clear();
         let db = &*self.db;
         let path = self.dir.path(&record.file);
         let file = File::open(&path).map_err(ctx_io("open snapshot to install"))?;
@@ -678,7 +663,6 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::test_entries::{cancel_entry, publish_entry, publish_job_entry};
     use crate::{LogStore, Store};
 
     /// Applies `entries` the way openraft does, without clients to answer.
@@ -907,7 +891,8 @@ mod tests {
         let (_log, sm) = open(dir.path());
         let body = vec![7u8; 4 << 20];
         let n = (APPLY_FLUSH_BYTES / body.len()) as u64 * 2 + 3;
-        let entries: Vec<LogEntry> = (1..=n).map(|i| publish_entry(1, i, body.clone())).collect();
+        let entries: Vec<LogEntry> =
+            (1..=n).map(|i| crate::test_entries::publish_entry(1, i, body.clone())).collect();
         let (replies, _) = sm.shared.apply(&entries).expect("apply");
         assert_eq!(replies.len() as u64, n);
         let view = sm.read_view().expect("view");
@@ -968,74 +953,13 @@ mod tests {
         assert_eq!(view.last_applied().expect("last applied"), Some(log_id::<TypeConfig>(1, 0, 2)));
     }
 
-    /// Job reads of apply, as counted: (from memory, from RocksDB).
-    fn job_reads(sm: &StateMachineStore) -> (u64, u64) {
-        let m = &sm.shared.metrics;
-        (m.job_reads_memory.get(), m.job_reads_rocksdb.get())
-    }
-
-    #[tokio::test]
-    async fn apply_reads_what_recent_applies_wrote_from_memory() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (_log, mut sm) = open(dir.path());
-        apply_entries(&mut sm, [publish_entry(1, 1, b"body".to_vec())]).await.expect("apply");
-        let before = job_reads(&sm);
-        // The cancel reads the record the publish wrote; the second one reads its delete.
-        apply_entries(&mut sm, [cancel_entry(1, 2, 1)]).await.expect("apply");
-        apply_entries(&mut sm, [cancel_entry(1, 3, 1)]).await.expect("apply");
-        let after = job_reads(&sm);
-        assert!(after.0 >= before.0 + 2, "reads from memory {before:?} -> {after:?}");
-        assert_eq!(after.1, before.1, "no job read from RocksDB: {before:?} -> {after:?}");
-
-        // A store opened afresh knows nothing yet and reads RocksDB: the same state results.
-        let (_log2, mut fresh) = open(tempfile::tempdir().expect("dir").path());
-        apply_entries(&mut fresh, [publish_entry(1, 1, b"body".to_vec())]).await.expect("apply");
-        fresh.shared.jobs.clear();
-        apply_entries(&mut fresh, [cancel_entry(1, 2, 1), cancel_entry(1, 3, 1)])
-            .await
-            .expect("apply");
-        assert!(job_reads(&fresh).1 >= 1, "the first cancel read RocksDB");
-        assert_eq!(dump(&fresh), dump(&sm));
-    }
-
-    /// A snapshot replaces the state under the job records apply keeps in memory: none of
-    /// them may be read after it. Here the follower's memory holds a job the snapshot lacks,
-    /// and cancelling it afterwards must find nothing, as it does on the leader.
-    #[tokio::test]
-    async fn an_installed_snapshot_leaves_no_record_of_the_old_state_in_memory() {
-        let (leader_dir, follower_dir) =
-            (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
-        let (_log_l, mut sm_l) = open(leader_dir.path());
-        let published =
-            [publish_job_entry(1, 1, 2, b"two".to_vec()), blank_ent::<TypeConfig>(1, 0, 2)];
-        apply_entries(&mut sm_l, published).await.expect("apply");
-        let mut built = sm_l.get_snapshot_builder().await.build_snapshot().await.expect("build");
-        let bytes = read_snapshot(&mut built).await;
-
-        let (_log_f, mut sm_f) = open(follower_dir.path());
-        apply_entries(&mut sm_f, [publish_entry(1, 1, b"one".to_vec())]).await.expect("apply");
-        receive(&mut sm_f, &built.meta, &bytes).await.expect("install");
-        // The jobs' data alike (the store's own keys differ: only the follower was told of a
-        // membership, by the snapshot).
-        let data = |sm: &StateMachineStore| {
-            let mut d = dump(sm);
-            d.retain(|(cf, key, _)| !(*cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX)));
-            d
-        };
-        assert_eq!(data(&sm_f), data(&sm_l));
-
-        apply_entries(&mut sm_l, [cancel_entry(1, 3, 1)]).await.expect("apply");
-        apply_entries(&mut sm_f, [cancel_entry(1, 3, 1)]).await.expect("apply");
-        assert_eq!(data(&sm_f), data(&sm_l), "the follower cancelled a job it no longer has");
-    }
-
     /// Applies are in no WAL (`db::unlogged`): a crash leaves the state of the last flush,
     /// every column family and `last_applied` at the same batch, and never less than the
     /// current snapshot, which may already have let the log be purged. Re-applying the log
     /// from there gives the state the crash interrupted.
     #[tokio::test]
     async fn a_crash_leaves_the_last_flushed_batch_and_never_less_than_the_snapshot() {
-        use crate::test_entries::copy_tree;
+        use crate::test_entries::{copy_tree, publish_entry};
         let dir = tempfile::tempdir().expect("dir");
         let data = dir.path().join("node");
         let (_log, mut sm) = open(&data);
@@ -1076,7 +1000,7 @@ mod tests {
     /// must not come back after a crash that follows the install.
     #[tokio::test]
     async fn a_crash_after_an_install_keeps_only_the_snapshot() {
-        use crate::test_entries::copy_tree;
+        use crate::test_entries::{cancel_entry, copy_tree, publish_entry};
         let (leader_dir, dir) =
             (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
         let (_log_l, mut sm_l) = open(leader_dir.path());

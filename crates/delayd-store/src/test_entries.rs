@@ -12,14 +12,8 @@ use crate::{LogEntry, TypeConfig};
 /// Entry `index` of `term` (node 0), stamped at 1,000 ms, publishing job `index` with `body`
 /// to the ready queue `ns/q`.
 pub(crate) fn publish_entry(term: u64, index: u64, body: Vec<u8>) -> LogEntry {
-    publish_job_entry(term, index, u128::from(index), body)
-}
-
-/// Entry `index` of `term` (node 0), stamped at 1,000 ms, publishing job `id` with `body` to
-/// the ready queue `ns/q`.
-pub(crate) fn publish_job_entry(term: u64, index: u64, id: u128, body: Vec<u8>) -> LogEntry {
     let job = NewJob {
-        id: JobId(id),
+        id: JobId(u128::from(index)),
         key: None,
         body,
         attributes: Default::default(),
