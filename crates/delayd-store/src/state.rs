@@ -22,7 +22,7 @@ use crate::error::StoreError;
 use crate::metrics::{since, StoreMetrics};
 use crate::snapshot::{self, SnapshotDir, SnapshotReader, SnapshotRecord};
 use crate::{
-    blocking, LogEntry, LogId, Snapshot, SnapshotData, SnapshotMeta as Meta, StoredMembership,
+    blocking, in_background, LogEntry, LogId, Snapshot, SnapshotData, SnapshotMeta as Meta, StoredMembership,
     TypeConfig,
 };
 
@@ -555,7 +555,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let shared = self.shared.clone();
-        let (meta, file) = blocking(move || shared.build()).await?;
+        let (meta, file) = in_background("delayd-snapshot", move || shared.build()).await?;
         tracing::info!(snapshot = %meta, "built snapshot");
         Ok(Snapshot { meta, snapshot: tokio::fs::File::from_std(file) })
     }
