@@ -2,9 +2,9 @@
 //!
 //! The node asked answers with the file when it leads, or with a redirect to the leader,
 //! which is followed once with the same credential. The file is written to `FILE.partial`
-//! beside `FILE`, synced, read back and checked (its trailer's FNV-1a checksum over
-//! everything before it, the format `crates/delayd-store/src/snapshot.rs` defines), and only
-//! then renamed to `FILE`. `delayd restore` checks the whole structure again before it
+//! beside `FILE`, synced, read back and checked (its trailer's checksum over everything
+//! before it, the format `crates/delayd-store/src/snapshot.rs` defines), and only then
+//! renamed to `FILE`. `delayd restore` checks the whole structure again before it
 //! uses it.
 
 use std::fs::{self, File};
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 // The snapshot format's trailer checksum, shared with the store through the pure core.
-use delayd_core::checksum::Fnv64 as Fnv;
+use delayd_core::checksum::SnapshotChecksum;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -133,14 +133,18 @@ async fn write_stream(
 fn verify(path: &Path) -> Result<u64> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let len = file.metadata()?.len();
-    ensure!(len >= 8 + 8 + 1 + 8, "the backup is truncated ({len} bytes)");
+    ensure!(len >= 8 + 1 + 1 + 8 + 8, "the backup is truncated ({len} bytes)");
     let mut r = BufReader::with_capacity(1 << 20, file);
-    let mut magic = [0u8; 8];
-    r.read_exact(&mut magic)?;
-    ensure!(&magic == MAGIC, "the answer is not a delayd snapshot");
-    let mut hash = Fnv::default();
-    hash.update(&magic);
-    let mut remaining = len - 8 - 8;
+    let mut start = [0u8; 9];
+    r.read_exact(&mut start)?;
+    ensure!(&start[..8] == MAGIC, "the answer is not a delayd snapshot");
+    // The format byte after the magic says which checksum the trailer holds.
+    let format = start[8];
+    let Some(mut hash) = SnapshotChecksum::for_format(format) else {
+        bail!("the backup is in snapshot format {format}, which this delayctl does not know");
+    };
+    hash.update(&start);
+    let mut remaining = len - 9 - 8;
     let mut buf = vec![0u8; 1 << 20];
     while remaining > 0 {
         let n = usize::try_from(remaining.min(buf.len() as u64)).unwrap_or(buf.len());
@@ -166,7 +170,7 @@ mod tests {
     fn file_with(content: &[u8]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("b.snap");
-        let mut hash = Fnv::default();
+        let mut hash = SnapshotChecksum::for_format(content[8]).expect("a known format");
         hash.update(content);
         let mut bytes = content.to_vec();
         bytes.extend_from_slice(&hash.value().to_be_bytes());
@@ -176,8 +180,15 @@ mod tests {
 
     #[test]
     fn verify_checks_magic_and_checksum() {
+        for format in [1, 2] {
+            verify_checks_magic_and_checksum_of(format);
+        }
+    }
+
+    /// Format 1 (FNV-1a) and format 2 (CRC-32) backups are each checked by their checksum.
+    fn verify_checks_magic_and_checksum_of(format: u8) {
         let mut content = MAGIC.to_vec();
-        content.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 0xff]);
+        content.extend_from_slice(&[format, 2, 3, 4, 5, 6, 7, 8, 9, 0xff]);
         let (_dir, path) = file_with(&content);
         assert!(verify(&path).is_ok());
         let mut bytes = fs::read(&path).expect("read");
@@ -187,5 +198,9 @@ mod tests {
         assert!(err.contains("checksum mismatch"), "{err}");
         fs::write(&path, &bytes[..12]).expect("write");
         assert!(verify(&path).is_err());
+        bytes[8] = 9;
+        fs::write(&path, &bytes).expect("write");
+        let err = verify(&path).expect_err("unknown format").to_string();
+        assert!(err.contains("snapshot format 9"), "{err}");
     }
 }

@@ -1,7 +1,53 @@
-//! FNV-1a, 64 bit: the checksum of snapshot and backup files. Cheap, dependency-free and good
-//! enough to detect accidental damage (a broken transfer, a torn write); not a defence against
-//! deliberate tampering. Here so that the store, which writes and installs the files, and the
-//! CLI, which verifies a backup it saved without linking the store, compute the same value.
+//! Checksums of the files delayd writes: snapshots and backups (their format is in
+//! `delayd-store`'s `snapshot.rs`) and the cluster identity. Here so that the store, which
+//! writes and installs the files, and the CLI, which verifies a backup it saved without
+//! linking the store, compute the same values. They detect accidental damage (a broken
+//! transfer, a torn write); they are no defence against deliberate tampering.
+
+/// The snapshot format whose trailer checksum is FNV-1a 64: files written before format 2.
+pub const SNAPSHOT_FORMAT_FNV: u8 = 1;
+
+/// The snapshot format written now: the trailer checksum is CRC-32 (IEEE), zero-extended to
+/// the trailer's 64 bits. FNV-1a hashes a byte at a time, a chain of multiplications the CPU
+/// cannot overlap, and took some 40 % of a snapshot build's CPU; CRC-32 runs on the CPU's
+/// carry-less multiply at several GB/s.
+pub const SNAPSHOT_FORMAT: u8 = 2;
+
+/// The running checksum of a snapshot file of a given format.
+#[derive(Clone, Debug)]
+pub enum SnapshotChecksum {
+    /// Format 1.
+    Fnv(Fnv64),
+    /// Format 2.
+    Crc32(crc32fast::Hasher),
+}
+
+impl SnapshotChecksum {
+    /// The checksum of `format`, or `None` for a format this build does not know.
+    pub fn for_format(format: u8) -> Option<Self> {
+        match format {
+            SNAPSHOT_FORMAT_FNV => Some(SnapshotChecksum::Fnv(Fnv64::default())),
+            SNAPSHOT_FORMAT => Some(SnapshotChecksum::Crc32(crc32fast::Hasher::new())),
+            _ => None,
+        }
+    }
+
+    /// Adds `bytes` to the checksum.
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            SnapshotChecksum::Fnv(h) => h.update(bytes),
+            SnapshotChecksum::Crc32(h) => h.update(bytes),
+        }
+    }
+
+    /// The checksum of everything added so far, as the trailer holds it.
+    pub fn value(&self) -> u64 {
+        match self {
+            SnapshotChecksum::Fnv(h) => h.value(),
+            SnapshotChecksum::Crc32(h) => u64::from(h.clone().finalize()),
+        }
+    }
+}
 
 /// A running FNV-1a 64 hash.
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +77,23 @@ impl Fnv64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_snapshot_format_has_its_checksum() {
+        let value = |format| {
+            let mut h = SnapshotChecksum::for_format(format).expect("known format");
+            h.update(b"123");
+            h.update(b"456789");
+            h.value()
+        };
+        // The CRC-32 (IEEE) check value, over the standard input split in two updates.
+        assert_eq!(value(SNAPSHOT_FORMAT), 0xcbf4_3926);
+        let mut fnv = Fnv64::default();
+        fnv.update(b"123456789");
+        assert_eq!(value(SNAPSHOT_FORMAT_FNV), fnv.value());
+        assert!(SnapshotChecksum::for_format(0).is_none());
+        assert!(SnapshotChecksum::for_format(3).is_none());
+    }
 
     #[test]
     fn matches_the_reference_values() {

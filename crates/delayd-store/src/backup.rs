@@ -54,7 +54,8 @@ pub struct SnapshotSummary {
     pub meta: SnapshotMeta,
     /// How many records (keys) of application data it holds.
     pub records: u64,
-    /// The FNV-1a 64 checksum in its trailer, which matched its content.
+    /// The checksum in its trailer (by its format: CRC-32 or FNV-1a 64), which matched its
+    /// content.
     pub checksum: u64,
     /// Its size in bytes.
     pub bytes: u64,
@@ -86,7 +87,7 @@ impl StateReader {
     /// the first byte is written (the API sends the meta as headers, and may digest the view). Blocking; refused with
     /// [`StoreError::Installing`] while a snapshot install has the state half-written.
     ///
-    /// `out` should buffer: the format is written in small pieces.
+    /// The format is written to `out` in chunks of 256 KiB.
     pub fn export(
         &self,
         out: impl Write,

@@ -58,7 +58,9 @@
 //! Openraft calls `apply` and `install_snapshot` one at a time, but builds snapshots
 //! concurrently with both. A snapshot build reads data, last applied and membership from one
 //! RocksDB snapshot, so it is consistent whatever apply does meanwhile; it waits for a running
-//! install to finish before taking that snapshot. Every RocksDB and file operation runs on
+//! install to finish before taking that snapshot. A build runs on a thread of its own at the
+//! lowest CPU priority (`in_background`): it passes over the whole state, and every node
+//! starts its own at the same log index. Every other RocksDB and file operation runs on
 //! tokio's blocking pool, except those that take less than the hop to the pool and back and
 //! run on the calling task: applying a batch of at most 64 commands, the log's unsynced
 //! appends, its reads and `save_committed`.

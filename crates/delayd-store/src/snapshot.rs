@@ -4,16 +4,18 @@
 //! memory:
 //!
 //! ```text
-//! header   "DLYDSNAP" | format u8 (=1) | meta_len u32 | meta (codec: SnapshotMeta)
+//! header   "DLYDSNAP" | format u8 (=2) | meta_len u32 | meta (codec: SnapshotMeta)
 //!          | cf_count u8 | cf_count × (name_len u8 | name)
 //! records  tag u8 (< cf_count: index into the header's names) | key_len u32 | key
 //!          | value_len u32 | value
 //! trailer  0xFF | record_count u64 | checksum u64
 //! ```
 //!
-//! Integers are big-endian. The checksum is FNV-1a 64 over every byte before it, so a
-//! truncated or damaged file (a broken transfer, a torn write) is detected before an install
-//! touches the state machine. Column families are named in the header rather than numbered by
+//! Integers are big-endian. The checksum covers every byte before it, so a truncated or
+//! damaged file (a broken transfer, a torn write) is detected before an install touches the
+//! state machine: in format 2, CRC-32 (IEEE) zero-extended to 64 bits; in format 1, which is
+//! still read (backups taken by earlier versions), FNV-1a 64 (see
+//! [`delayd_core::checksum::SnapshotChecksum`]). Column families are named in the header rather than numbered by
 //! [`Cf::ALL`]'s order, so reordering that list does not change the meaning of old files.
 //! The records carry the application's data only: the store's own keys in [`Cf::Meta`]
 //! (last applied, membership) are described by the header's meta.
@@ -22,6 +24,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
+use delayd_core::checksum::{self, SnapshotChecksum};
 use delayd_core::{codec, Cf};
 use serde::{Deserialize, Serialize};
 
@@ -45,19 +48,17 @@ pub(crate) struct SnapshotRecord {
 pub(crate) type Record = (Cf, Vec<u8>, Vec<u8>);
 
 const MAGIC: &[u8; 8] = b"DLYDSNAP";
-const FORMAT: u8 = 1;
+/// The format written.
+const FORMAT: u8 = checksum::SNAPSHOT_FORMAT;
 const END: u8 = 0xFF;
 /// The longest key or value a reader accepts: a bound on what a damaged length can make it
 /// allocate, far above anything the state machine stores.
 const MAX_FIELD_BYTES: u64 = 1 << 30;
 
-/// The trailer's checksum.
-type Fnv = delayd_core::checksum::Fnv64;
-
 /// A writer that hashes what passes through it.
 struct HashWriter<W> {
     inner: W,
-    hash: Fnv,
+    hash: SnapshotChecksum,
 }
 
 impl<W: Write> Write for HashWriter<W> {
@@ -75,7 +76,7 @@ impl<W: Write> Write for HashWriter<W> {
 /// A reader that hashes what passes through it.
 struct HashReader<R> {
     inner: R,
-    hash: Fnv,
+    hash: SnapshotChecksum,
 }
 
 impl<R: Read> Read for HashReader<R> {
@@ -92,18 +93,36 @@ fn len_u32(len: usize, what: &str) -> io::Result<[u8; 4]> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} too long")))
 }
 
-/// Writes a snapshot of `view` described by `meta` to `out`.
+/// How much of a snapshot [`write_to`] gathers before it hashes and writes it.
+const WRITE_CHUNK: usize = 256 << 10;
+
+/// Writes a snapshot of `view` described by `meta` to `out`, in chunks of [`WRITE_CHUNK`]
+/// bytes (so `out` need not buffer).
 pub(crate) fn write_to(
     out: impl Write,
     meta: &Meta,
     view: &ReadView<'_>,
 ) -> Result<(), StoreError> {
-    let mut w = HashWriter { inner: out, hash: Fnv::default() };
+    write_format(out, meta, view, FORMAT)
+}
+
+/// [`write_to`] in a given format (the tests write format 1 to check it is still read).
+fn write_format(
+    out: impl Write,
+    meta: &Meta,
+    view: &ReadView<'_>,
+    format: u8,
+) -> Result<(), StoreError> {
+    let hash = SnapshotChecksum::for_format(format)
+        .ok_or_else(|| corrupt(format!("cannot write unknown format {format}")))?;
+    // Hashed and written in chunks: the records are small pieces (a tag, a length, a key),
+    // and hashing each on its own cost more than the hash itself.
+    let mut w = BufWriter::with_capacity(WRITE_CHUNK, HashWriter { inner: out, hash });
     let io_err = |e| StoreError::io("writing snapshot", e);
 
     let meta_bytes = codec::encode(meta);
     w.write_all(MAGIC).map_err(io_err)?;
-    w.write_all(&[FORMAT]).map_err(io_err)?;
+    w.write_all(&[format]).map_err(io_err)?;
     w.write_all(&len_u32(meta_bytes.len(), "snapshot meta").map_err(io_err)?).map_err(io_err)?;
     w.write_all(&meta_bytes).map_err(io_err)?;
     let cf_count = u8::try_from(Cf::ALL.len())
@@ -136,9 +155,8 @@ pub(crate) fn write_to(
 
     w.write_all(&[END]).map_err(io_err)?;
     w.write_all(&count.to_be_bytes()).map_err(io_err)?;
-    let checksum = w.hash.value();
-    let mut inner = w.inner;
-    inner.write_all(&checksum.to_be_bytes()).map_err(io_err)?;
+    let HashWriter { mut inner, hash } = w.into_inner().map_err(|e| io_err(e.into_error()))?;
+    inner.write_all(&hash.value().to_be_bytes()).map_err(io_err)?;
     inner.flush().map_err(io_err)
 }
 
@@ -166,17 +184,18 @@ fn read_io(e: io::Error) -> StoreError {
 impl<R: Read> SnapshotReader<R> {
     /// Reads the header; returns the snapshot's meta and a reader positioned at the records.
     pub(crate) fn new(inner: R) -> Result<(Meta, Self), StoreError> {
-        let mut r =
-            HashReader { inner: BufReader::with_capacity(1 << 20, inner), hash: Fnv::default() };
-        let mut magic = [0u8; 8];
-        r.read_exact(&mut magic).map_err(read_io)?;
-        if &magic != MAGIC {
+        let mut inner = BufReader::with_capacity(1 << 20, inner);
+        // The magic and the format are read before the checksum they choose, then added to it.
+        let mut start = [0u8; 9];
+        inner.read_exact(&mut start).map_err(read_io)?;
+        let (magic, format) = (&start[..8], start[8]);
+        if magic != MAGIC {
             return Err(corrupt("not a delayd snapshot"));
         }
-        let format = read_u8(&mut r)?;
-        if format != FORMAT {
-            return Err(corrupt(format!("unknown format {format}")));
-        }
+        let mut hash = SnapshotChecksum::for_format(format)
+            .ok_or_else(|| corrupt(format!("unknown format {format}")))?;
+        hash.update(&start);
+        let mut r = HashReader { inner, hash };
         let meta: Meta = codec::decode(&read_field(&mut r)?)?;
         let cf_count = read_u8(&mut r)?;
         let mut cfs = Vec::with_capacity(usize::from(cf_count));
@@ -362,11 +381,9 @@ impl SnapshotDir {
             .create_new(true)
             .open(&tmp)
             .map_err(|e| StoreError::io(ctx(), e))?;
-        let mut out = BufWriter::with_capacity(1 << 20, SyncEvery::new(file, SYNC_EVERY));
-        let written = write_to(&mut out, meta, view).and_then(|()| {
-            let out = out.into_inner().map_err(|e| StoreError::io(ctx(), e.into_error()))?;
-            out.file.sync_all().map_err(|e| StoreError::io(ctx(), e))
-        });
+        let mut out = SyncEvery::new(file, SYNC_EVERY);
+        let written = write_to(&mut out, meta, view)
+            .and_then(|()| out.file.sync_all().map_err(|e| StoreError::io(ctx(), e)));
         if let Err(e) = written {
             // Best effort: the directory is cleaned at the next start anyway.
             let _ = fs::remove_file(&tmp);
@@ -460,6 +477,10 @@ mod tests {
     }
 
     fn sample(dir: &Path) -> Vec<u8> {
+        sample_in(dir, FORMAT)
+    }
+
+    fn sample_in(dir: &Path, format: u8) -> Vec<u8> {
         let db = db::open(&dir.join("db")).expect("open");
         let jobs = db::cf(&db, Cf::Jobs.name()).expect("cf");
         db.put_cf(jobs, b"k1", b"v1").expect("put");
@@ -468,7 +489,7 @@ mod tests {
         db.put_cf(meta_cf, b"clock", b"1").expect("put");
         db.put_cf(meta_cf, db::SM_LAST_APPLIED, b"skipped").expect("put");
         let mut out = Vec::new();
-        write_to(&mut out, &meta(), &ReadView::snapshot(&db)).expect("write");
+        write_format(&mut out, &meta(), &ReadView::snapshot(&db), format).expect("write");
         out
     }
 
@@ -509,6 +530,29 @@ mod tests {
         let keys: Vec<(Cf, &[u8])> = records.iter().map(|(cf, k, _)| (*cf, k.as_slice())).collect();
         assert_eq!(keys, [(Cf::Jobs, &b"k1"[..]), (Cf::Jobs, b"k2"), (Cf::Meta, b"clock")]);
         assert_eq!(records[1].2.len(), 100_000);
+    }
+
+    /// Format 1 files (FNV-1a trailers: backups taken before format 2) are still read and
+    /// checked; a format-2 file's trailer is the CRC-32 of what precedes it.
+    #[test]
+    fn reads_both_formats_and_checks_each_by_its_own_checksum() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let new = sample_in(&dir.path().join("2"), FORMAT);
+        let old = sample_in(&dir.path().join("1"), checksum::SNAPSHOT_FORMAT_FNV);
+        assert_eq!((new[8], old[8]), (2, 1), "the format byte follows the magic");
+        assert_eq!(read_all(&old).expect("format 1"), read_all(&new).expect("format 2"));
+        let (body, trailer) = new.split_at(new.len() - 8);
+        assert_eq!(trailer, u64::from(crc32fast::hash(body)).to_be_bytes());
+        for bytes in [new, old] {
+            let mut damaged = bytes.clone();
+            let mid = damaged.len() / 2;
+            damaged[mid] ^= 1;
+            assert!(matches!(read_all(&damaged), Err(StoreError::Corrupt(_))));
+            let mut unknown = bytes;
+            unknown[8] = 3;
+            let err = read_all(&unknown).expect_err("unknown format");
+            assert!(err.to_string().contains("unknown format 3"), "{err}");
+        }
     }
 
     #[test]
