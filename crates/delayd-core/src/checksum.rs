@@ -9,8 +9,8 @@ pub const SNAPSHOT_FORMAT_FNV: u8 = 1;
 
 /// The snapshot format written now: the trailer checksum is CRC-32 (IEEE), zero-extended to
 /// the trailer's 64 bits. FNV-1a hashes a byte at a time, a chain of multiplications the CPU
-/// cannot overlap, and took some 40 % of a snapshot build's CPU; CRC-32 runs on the CPU's
-/// carry-less multiply at several GB/s.
+/// cannot overlap, and took some 40 % of the CPU of the thread writing a snapshot; CRC-32
+/// runs on the CPU's carry-less multiply at several GB/s.
 pub const SNAPSHOT_FORMAT: u8 = 2;
 
 /// The running checksum of a snapshot file of a given format.

@@ -254,6 +254,6 @@ mod tests {
         assert_eq!(own_nice(), caller, "the caller's priority changed");
         let failed: Result<(), _> =
             in_background("delayd-test-bg", || Err(StoreError::Task("boom".into()))).await;
-        assert!(matches!(failed, Err(StoreError::Task(m)) if m == "boom"), "{failed:?}");
+        assert!(matches!(&failed, Err(StoreError::Task(m)) if m == "boom"), "{failed:?}");
     }
 }

@@ -15,8 +15,9 @@
 //! damaged file (a broken transfer, a torn write) is detected before an install touches the
 //! state machine: in format 2, CRC-32 (IEEE) zero-extended to 64 bits; in format 1, which is
 //! still read (backups taken by earlier versions), FNV-1a 64 (see
-//! [`delayd_core::checksum::SnapshotChecksum`]). Column families are named in the header rather than numbered by
-//! [`Cf::ALL`]'s order, so reordering that list does not change the meaning of old files.
+//! [`delayd_core::checksum::SnapshotChecksum`]). Column families are named in the header
+//! rather than numbered by [`Cf::ALL`]'s order, so reordering that list does not change the
+//! meaning of old files.
 //! The records carry the application's data only: the store's own keys in [`Cf::Meta`]
 //! (last applied, membership) are described by the header's meta.
 

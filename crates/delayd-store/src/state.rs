@@ -22,8 +22,8 @@ use crate::error::StoreError;
 use crate::metrics::{since, StoreMetrics};
 use crate::snapshot::{self, SnapshotDir, SnapshotReader, SnapshotRecord};
 use crate::{
-    blocking, in_background, LogEntry, LogId, Snapshot, SnapshotData, SnapshotMeta as Meta, StoredMembership,
-    TypeConfig,
+    blocking, in_background, LogEntry, LogId, Snapshot, SnapshotData, SnapshotMeta as Meta,
+    StoredMembership, TypeConfig,
 };
 
 /// Called after every applied batch with what the batch means for waiters and timers; see
