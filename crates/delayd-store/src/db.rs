@@ -360,25 +360,6 @@ mod tests {
         assert!(text.lines().any(|l| l.trim() == line), "{line} not in the options");
     }
 
-    /// The nice values of this process's threads named `name`.
-    #[cfg(target_os = "linux")]
-    fn nice_of(name: &str) -> Vec<i32> {
-        let mut nice = Vec::new();
-        for task in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
-            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            if comm.trim() != name {
-                continue;
-            }
-            let stat = std::fs::read_to_string(task.path().join("stat")).expect("stat");
-            // Fields after the parenthesised name start with the third (state); nice is the
-            // nineteenth.
-            let after_name = &stat[stat.rfind(')').expect("name") + 1..];
-            let field = after_name.split_whitespace().nth(16).expect("nice");
-            nice.push(field.parse::<i32>().expect("a number"));
-        }
-        nice
-    }
-
     /// Flushes and compactions run below the foreground's CPU priority: once a flush and a
     /// compaction are done, the threads that ran them are at nice 19 (RocksDB lowers a pool
     /// thread's priority as it takes its next job, so a compaction thread that has not run one
@@ -394,10 +375,10 @@ mod tests {
             db.flush_cf(jobs).expect("flush");
         }
         db.compact_range_cf(jobs, None::<&[u8]>, None::<&[u8]>);
-        let flushers = nice_of("rocksdb:high");
+        let flushers = crate::tests::nice_of("rocksdb:high");
         assert!(!flushers.is_empty(), "no flush thread found");
         assert!(flushers.iter().all(|n| *n == 19), "flush threads' nice values: {flushers:?}");
-        let compactors = nice_of("rocksdb:low");
+        let compactors = crate::tests::nice_of("rocksdb:low");
         assert!(compactors.contains(&19), "compaction threads' nice values: {compactors:?}");
     }
 

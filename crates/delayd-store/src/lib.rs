@@ -231,6 +231,25 @@ fn lower_this_threads_priority() {
 mod tests {
     use super::*;
 
+    /// The nice values of this process's threads named `name`.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn nice_of(name: &str) -> Vec<i32> {
+        let mut nice = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim() != name {
+                continue;
+            }
+            let stat = std::fs::read_to_string(task.path().join("stat")).expect("stat");
+            // Fields after the parenthesised name start with the third (state); nice is the
+            // nineteenth.
+            let after_name = &stat[stat.rfind(')').expect("name") + 1..];
+            let field = after_name.split_whitespace().nth(16).expect("nice");
+            nice.push(field.parse::<i32>().expect("a number"));
+        }
+        nice
+    }
+
     /// The CPU priority of the calling thread, as Linux keeps it.
     #[cfg(target_os = "linux")]
     fn own_nice() -> i32 {

@@ -905,6 +905,38 @@ mod tests {
         }
     }
 
+    /// A build runs on a thread of its own at the lowest CPU priority (`in_background`): a
+    /// watcher sees a `delayd-snapshot` thread at nice 19 while it runs. The state is large
+    /// enough (32 MiB to write and sync) for the build to outlast many of the watcher's looks.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_snapshot_is_built_on_a_thread_of_its_own_at_the_lowest_priority() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, mut sm) = leader(dir.path()).await;
+        for i in 0..2_048u32 {
+            put(&sm, Cf::Jobs, format!("bulk-{i:05}").as_bytes(), &[1u8; 16 << 10]);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::Acquire) {
+                    seen.extend(crate::tests::nice_of("delayd-snapshot"));
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                seen
+            })
+        };
+        sm.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        stop.store(true, Ordering::Release);
+        let seen = watcher.join().expect("watcher");
+        // The thread is named before it lowers its priority, so a look may catch it at 0.
+        assert!(seen.contains(&19), "no delayd-snapshot thread at nice 19 seen: {seen:?}");
+        assert!(crate::tests::nice_of("delayd-snapshot").is_empty(), "the thread outlived it");
+    }
+
     #[tokio::test]
     async fn an_older_snapshot_never_replaces_a_newer_one() {
         let dir = tempfile::tempdir().expect("dir");
