@@ -193,8 +193,8 @@ where
 /// Runs long blocking storage work (building a snapshot) on a thread of its own named `name`,
 /// at the lowest CPU priority (nice 19), as RocksDB's flushes and compactions run.
 ///
-/// A snapshot build reads and writes the whole state: some 4 µs of CPU per stored job on
-/// each node (0.4 s for 88,000 jobs), and every node reaches the snapshot's log index, and
+/// A snapshot build reads and writes the whole state: some 3–4 µs of CPU per stored job on
+/// each node (0.3–0.4 s for 88,000 jobs), and every node reaches the snapshot's log index, and
 /// so starts its build, at the same moment. At normal priority that is a burst that takes
 /// the cores from the threads that serve, replicate and sync the log for as long as it
 /// lasts. A priority matters only while the cores are contended: on idle cores the build
