@@ -14,14 +14,11 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 // The snapshot format's trailer checksum, shared with the store through the pure core.
-use delayd_core::checksum::SnapshotChecksum;
+use delayd_core::checksum::{SnapshotChecksum, SnapshotStart};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::http::{self, Call, Client};
-
-/// What every snapshot file starts with.
-const MAGIC: &[u8; 8] = b"DLYDSNAP";
 
 /// A backup written and verified.
 pub struct Saved {
@@ -137,13 +134,14 @@ fn verify(path: &Path) -> Result<u64> {
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut start = [0u8; 9];
     r.read_exact(&mut start)?;
-    ensure!(&start[..8] == MAGIC, "the answer is not a delayd snapshot");
     // The format byte after the magic says which checksum the trailer holds.
-    let format = start[8];
-    let Some(mut hash) = SnapshotChecksum::for_format(format) else {
-        bail!("the backup is in snapshot format {format}, which this delayctl does not know");
+    let mut hash = match SnapshotChecksum::for_file_start(&start) {
+        Ok(hash) => hash,
+        Err(SnapshotStart::NotASnapshot) => bail!("the answer is not a delayd snapshot"),
+        Err(SnapshotStart::UnknownFormat(format)) => {
+            bail!("the backup is in snapshot format {format}, which this delayctl does not know")
+        }
     };
-    hash.update(&start);
     let mut remaining = len - 9 - 8;
     let mut buf = vec![0u8; 1 << 20];
     while remaining > 0 {
@@ -166,6 +164,7 @@ fn verify(path: &Path) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use delayd_core::checksum::SNAPSHOT_MAGIC as MAGIC;
 
     fn file_with(content: &[u8]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().expect("dir");

@@ -4,13 +4,25 @@
 //! linking the store, compute the same values. They detect accidental damage (a broken
 //! transfer, a torn write); they are no defence against deliberate tampering.
 
+/// What every snapshot file starts with; the format byte follows it.
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"DLYDSNAP";
+
+/// Why a file's first bytes do not start a snapshot this build can read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotStart {
+    /// The magic is not there.
+    NotASnapshot,
+    /// A format this build does not know.
+    UnknownFormat(u8),
+}
+
 /// The snapshot format whose trailer checksum is FNV-1a 64: files written before format 2.
 pub const SNAPSHOT_FORMAT_FNV: u8 = 1;
 
 /// The snapshot format written now: the trailer checksum is CRC-32 (IEEE), zero-extended to
 /// the trailer's 64 bits. FNV-1a hashes a byte at a time, a chain of multiplications the CPU
-/// cannot overlap, and took some 40 % of the CPU of the thread writing a snapshot; CRC-32
-/// runs on the CPU's carry-less multiply at several GB/s.
+/// cannot overlap: the thread writing a snapshot spent some 40 % of its time in the writes it
+/// was inlined into. CRC-32 runs on the CPU's carry-less multiply at several GB/s.
 pub const SNAPSHOT_FORMAT: u8 = 2;
 
 /// The running checksum of a snapshot file of a given format.
@@ -30,6 +42,18 @@ impl SnapshotChecksum {
             SNAPSHOT_FORMAT => Some(SnapshotChecksum::Crc32(crc32fast::Hasher::new())),
             _ => None,
         }
+    }
+
+    /// The checksum of the snapshot file whose first nine bytes (the magic, then the format)
+    /// are `start`, with them already added: readers take those bytes before they know which
+    /// checksum covers them.
+    pub fn for_file_start(start: &[u8; 9]) -> Result<Self, SnapshotStart> {
+        if &start[..8] != SNAPSHOT_MAGIC {
+            return Err(SnapshotStart::NotASnapshot);
+        }
+        let mut hash = Self::for_format(start[8]).ok_or(SnapshotStart::UnknownFormat(start[8]))?;
+        hash.update(start);
+        Ok(hash)
     }
 
     /// Adds `bytes` to the checksum.
@@ -93,6 +117,29 @@ mod tests {
         assert_eq!(value(SNAPSHOT_FORMAT_FNV), fnv.value());
         assert!(SnapshotChecksum::for_format(0).is_none());
         assert!(SnapshotChecksum::for_format(3).is_none());
+    }
+
+    #[test]
+    fn a_file_start_chooses_its_checksum_and_counts_in_it() {
+        let mut start = [0u8; 9];
+        start[..8].copy_from_slice(SNAPSHOT_MAGIC);
+        start[8] = SNAPSHOT_FORMAT;
+        let mut from_start = SnapshotChecksum::for_file_start(&start).expect("a snapshot");
+        from_start.update(b"rest");
+        let mut whole = SnapshotChecksum::for_format(SNAPSHOT_FORMAT).expect("known");
+        whole.update(&start);
+        whole.update(b"rest");
+        assert_eq!(from_start.value(), whole.value());
+        start[8] = 7;
+        assert_eq!(
+            SnapshotChecksum::for_file_start(&start).map(|h| h.value()),
+            Err(SnapshotStart::UnknownFormat(7))
+        );
+        start[0] = b'X';
+        assert_eq!(
+            SnapshotChecksum::for_file_start(&start).map(|h| h.value()),
+            Err(SnapshotStart::NotASnapshot)
+        );
     }
 
     #[test]

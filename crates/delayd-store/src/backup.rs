@@ -34,7 +34,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use delayd_core::codec;
@@ -301,14 +301,11 @@ pub fn recover(
         };
         let file = File::create(&export)
             .map_err(|e| StoreError::io(format!("create {}", export.display()), e))?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
         let view = shared.try_view()?;
-        snapshot::write_to(&mut out, &view_meta(&view)?, &view)?;
+        // `write_to` buffers: the file needs no writer of its own in between.
+        snapshot::write_to(&file, &view_meta(&view)?, &view)?;
         drop(view);
-        out.into_inner()
-            .map_err(|e| e.into_error())
-            .and_then(|f| f.sync_all())
-            .map_err(|e| StoreError::io(format!("write {}", export.display()), e))?;
+        file.sync_all().map_err(|e| StoreError::io(format!("write {}", export.display()), e))?;
         drop((log, sm));
         (applied_before.map(|l| l.index), committed.map(|c| c.index), last_log_index, upto, addr)
     };
@@ -423,10 +420,7 @@ mod tests {
 
     fn export(sm: &StateMachineStore, path: &Path) -> SnapshotMeta {
         let file = File::create(path).expect("create");
-        let mut out = BufWriter::new(file);
-        let meta = sm.reader().export(&mut out, |_, _| {}).expect("export");
-        out.flush().expect("flush");
-        meta
+        sm.reader().export(&file, |_, _| {}).expect("export")
     }
 
     #[tokio::test]

@@ -25,7 +25,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use delayd_core::checksum::{self, SnapshotChecksum};
+use delayd_core::checksum::{self, SnapshotChecksum, SnapshotStart, SNAPSHOT_MAGIC};
 use delayd_core::{codec, Cf};
 use serde::{Deserialize, Serialize};
 
@@ -48,7 +48,6 @@ pub(crate) struct SnapshotRecord {
 /// One record of a snapshot: a key and its value in a column family.
 pub(crate) type Record = (Cf, Vec<u8>, Vec<u8>);
 
-const MAGIC: &[u8; 8] = b"DLYDSNAP";
 /// The format written.
 const FORMAT: u8 = checksum::SNAPSHOT_FORMAT;
 const END: u8 = 0xFF;
@@ -122,7 +121,7 @@ fn write_format(
     let io_err = |e| StoreError::io("writing snapshot", e);
 
     let meta_bytes = codec::encode(meta);
-    w.write_all(MAGIC).map_err(io_err)?;
+    w.write_all(SNAPSHOT_MAGIC).map_err(io_err)?;
     w.write_all(&[format]).map_err(io_err)?;
     w.write_all(&len_u32(meta_bytes.len(), "snapshot meta").map_err(io_err)?).map_err(io_err)?;
     w.write_all(&meta_bytes).map_err(io_err)?;
@@ -189,13 +188,10 @@ impl<R: Read> SnapshotReader<R> {
         // The magic and the format are read before the checksum they choose, then added to it.
         let mut start = [0u8; 9];
         inner.read_exact(&mut start).map_err(read_io)?;
-        let (magic, format) = (&start[..8], start[8]);
-        if magic != MAGIC {
-            return Err(corrupt("not a delayd snapshot"));
-        }
-        let mut hash = SnapshotChecksum::for_format(format)
-            .ok_or_else(|| corrupt(format!("unknown format {format}")))?;
-        hash.update(&start);
+        let hash = SnapshotChecksum::for_file_start(&start).map_err(|e| match e {
+            SnapshotStart::NotASnapshot => corrupt("not a delayd snapshot"),
+            SnapshotStart::UnknownFormat(format) => corrupt(format!("unknown format {format}")),
+        })?;
         let mut r = HashReader { inner, hash };
         let meta: Meta = codec::decode(&read_field(&mut r)?)?;
         let cf_count = read_u8(&mut r)?;
