@@ -5,7 +5,7 @@
 //! cluster, that saving drowns in the run-to-run noise of a shared machine; measured here,
 //! in one process with nothing else running, it does not. The tool opens a store in a
 //! temporary directory (or `--dir`), builds log entries the way a leader batches them
-//! (`--batch` commands per entry, 100-byte bodies) and hands them to the state machine
+//! (`--batch` commands per entry, 100-byte bodies, no ttl unless `--ttl-ms` gives one) and hands them to the state machine
 //! through openraft's own `apply` call, then prints per workload the wall time and the
 //! process's CPU time (RocksDB's background threads included) per job.
 //!
@@ -67,6 +67,12 @@ struct Args {
     /// Workloads to run, in this order (default: all).
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
     workloads: Vec<String>,
+    /// Time-to-live of every published job, ms; 0 publishes without one, as the cluster
+    /// bench's publish and drain rows do. A job with a ttl also keeps an expiry timer from
+    /// its publish to its ack: `86400000` is what the HTTP API gives a job published without
+    /// `ttl` (the cluster bench's `lifecycle` row).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1 << 40))]
+    ttl_ms: u64,
     /// Data directory (default: a fresh temporary one, removed at the end).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -80,6 +86,8 @@ struct Bench {
     now_ms: u64,
     queue: QueueName,
     body: Vec<u8>,
+    /// The ttl of every job published (`None`: none).
+    ttl_ms: Option<u64>,
     next_id: u128,
     /// Ids of the ready jobs, in line order, not yet handed to a consumer.
     ready: std::collections::VecDeque<JobId>,
@@ -105,7 +113,7 @@ impl Bench {
             body: self.body.clone(),
             attributes: Default::default(),
             due,
-            ttl_ms: None,
+            ttl_ms: self.ttl_ms,
             tries: 1,
             ttr_ms: 30_000,
             priority: 0,
@@ -305,11 +313,16 @@ async fn main() -> Result<()> {
         now_ms: u64::try_from(now_ms)?,
         queue: QueueName::new("bench", "apply"),
         body: vec![b'x'; args.body as usize],
+        ttl_ms: (args.ttl_ms > 0).then_some(args.ttl_ms),
         next_id: 1 << 100,
         ready: Default::default(),
     };
+    let ttl = match bench.ttl_ms {
+        Some(ms) => format!("a ttl of {ms} ms"),
+        None => "no ttl".to_string(),
+    };
     println!(
-        "{} jobs per workload, {} commands per entry, {}-byte bodies, store in {}",
+        "{} jobs per workload, {} commands per entry, {}-byte bodies, {ttl}, store in {}",
         args.jobs,
         args.batch,
         args.body,
