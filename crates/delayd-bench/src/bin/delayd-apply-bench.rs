@@ -5,9 +5,10 @@
 //! cluster, that saving drowns in the run-to-run noise of a shared machine; measured here,
 //! in one process with nothing else running, it does not. The tool opens a store in a
 //! temporary directory (or `--dir`), builds log entries the way a leader batches them
-//! (`--batch` commands per entry, 100-byte bodies, no ttl unless `--ttl-ms` gives one) and hands them to the state machine
-//! through openraft's own `apply` call, then prints per workload the wall time and the
-//! process's CPU time (RocksDB's background threads included) per job.
+//! (`--batch` commands per entry, 100-byte bodies, no ttl unless `--ttl-ms` gives one) and
+//! hands them to the state machine through openraft's own `apply` call, then prints per
+//! workload the wall time and the process's CPU time (RocksDB's background threads
+//! included) per job.
 //!
 //! Workloads, each on the state the previous ones left (`--jobs` jobs each):
 //! - `publish`: jobs published due in an hour (the cluster bench's publish row);
@@ -47,6 +48,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const WORKLOADS: [&str; 6] =
     ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick", "tick-riders"];
 
+/// The delay of the `publish` workload's jobs: an hour, as the cluster bench's publish row.
+const PUBLISH_DELAY_MS: u64 = 3_600_000;
+
 /// Jobs a `tick-riders` tick fires: what 5,000 jobs/s due bring in 10 ms.
 const RIDDEN_TICK: u64 = 50;
 
@@ -70,7 +74,8 @@ struct Args {
     /// Time-to-live of every published job, ms; 0 publishes without one, as the cluster
     /// bench's publish and drain rows do. A job with a ttl also keeps an expiry timer from
     /// its publish to its ack: `86400000` is what the HTTP API gives a job published without
-    /// `ttl` (the cluster bench's `lifecycle` row).
+    /// `ttl` (the cluster bench's `lifecycle` row). Otherwise more than an hour, the delay of
+    /// the `publish` workload's jobs (a ttl must end after its job is due).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1 << 40))]
     ttl_ms: u64,
     /// Data directory (default: a fresh temporary one, removed at the end).
@@ -258,10 +263,15 @@ impl Bench {
 
     /// Publishes `jobs` jobs due after `delay_ms`, measured.
     async fn publish_measured(&mut self, jobs: u64, batch: u64, delay_ms: u64) -> Result<Measured> {
+        let delayed_before = self.count(JobState::Delayed)?;
         let started = Started::now()?;
         self.publish_all(jobs, batch, Due::After(delay_ms), delay_ms == 0).await?;
         let measured = started.stop()?;
         self.expect(JobState::Ready, self.ready.len() as u64)?;
+        // A refused publish (say, a ttl that ends before the delay) stores nothing: every
+        // delayed job must be there, or the figure is of work not done.
+        let delayed = if delay_ms == 0 { 0 } else { jobs };
+        self.expect(JobState::Delayed, delayed_before + delayed)?;
         Ok(measured)
     }
 }
@@ -303,6 +313,12 @@ async fn main() -> Result<()> {
     } else {
         args.workloads.clone()
     };
+    if args.ttl_ms > 0 && args.ttl_ms <= PUBLISH_DELAY_MS {
+        bail!(
+            "--ttl-ms must be 0 or more than {PUBLISH_DELAY_MS} (the publish workload's delay): \
+             a ttl must end after its job is due"
+        );
+    }
     let temp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
     let (_log, sm) = Store::open(&dir).context("open the store")?;
@@ -332,7 +348,7 @@ async fn main() -> Result<()> {
     for workload in &workloads {
         let (jobs, batch) = (args.jobs, args.batch);
         let m = match workload.as_str() {
-            "publish" => bench.publish_measured(jobs, batch, 3_600_000).await?,
+            "publish" => bench.publish_measured(jobs, batch, PUBLISH_DELAY_MS).await?,
             "publish-ready" => bench.publish_measured(jobs, batch, 0).await?,
             "ack-first" => bench.drain(jobs, batch, 1).await?,
             "count10-ackfirst" => bench.drain(jobs, batch, 10).await?,
