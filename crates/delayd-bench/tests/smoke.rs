@@ -209,3 +209,29 @@ fn apply_bench_runs_every_workload_and_checks_the_stored_counts() -> Result<()> 
     }
     Ok(())
 }
+
+/// With a ttl, every workload still stores what it published (each job also keeps its expiry
+/// timer); a ttl that would end before the publish workload's jobs are due is refused by
+/// name instead of timing publishes the state machine refuses.
+#[test]
+fn apply_bench_publishes_with_a_ttl_and_refuses_one_shorter_than_its_delay() -> Result<()> {
+    let bench = env!("CARGO_BIN_EXE_delayd-apply-bench");
+    let stdout = succeeded(
+        Command::new(bench)
+            .args(["--jobs", "1500", "--batch", "7", "--body", "10", "--ttl-ms", "86400000"]),
+    )?;
+    ensure!(stdout.contains("a ttl of 86400000 ms"), "{stdout}");
+    for workload in
+        ["publish", "publish-ready", "ack-first", "count10-ackfirst", "tick", "tick-riders"]
+    {
+        ensure!(
+            stdout.lines().any(|l| l.split_whitespace().next() == Some(workload)),
+            "no {workload} row in\n{stdout}"
+        );
+    }
+    let out = Command::new(bench).args(["--jobs", "100", "--ttl-ms", "1000"]).output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "a ttl of 1 s was taken:\n{stderr}");
+    ensure!(stderr.contains("--ttl-ms must be 0 or more than 3600000"), "{stderr}");
+    Ok(())
+}
