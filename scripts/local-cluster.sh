@@ -7,8 +7,8 @@
 #   scripts/local-cluster.sh 3
 #   HTTP_BASE=9000 GRPC_BASE=9100 scripts/local-cluster.sh 5
 #   DELAYD_BIN=target/debug/delayd scripts/local-cluster.sh 3
-#   TOKIO_WORKER_THREADS=1 scripts/local-cluster.sh 3   # one worker per node: fewer wake-ups
-#                                                       # when the nodes share a few cores
+#   DELAYD_WORKER_THREADS=2 scripts/local-cluster.sh 3  # each node's Tokio workers (default:
+#                                                       # one fewer than the cores, at least 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

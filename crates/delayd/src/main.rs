@@ -72,26 +72,38 @@ enum Cmd {
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 fn main() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let outcome = runtime.block_on(run());
+    let args = Args::parse();
+    let runtime = match args.command {
+        // The settings are read before the runtime is built: its worker count is one of them.
+        None => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(settings(&args)?.worker_threads()?)
+            .enable_all()
+            .build()?,
+        // A probe, a restore or a recovery needs no pool of workers.
+        Some(_) => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+    };
+    let outcome = runtime.block_on(run(args));
     runtime.shutdown_timeout(EXIT_WAIT);
     outcome
 }
 
-async fn run() -> anyhow::Result<()> {
-    let args = Args::parse();
-    match args.command {
+/// Flags over the environment (both from clap), over the file, over the defaults.
+fn settings(args: &Args) -> anyhow::Result<Settings> {
+    let file = match &args.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
+    };
+    Ok(args.settings.clone().over(file).over(Settings::defaults()))
+}
+
+async fn run(mut args: Args) -> anyhow::Result<()> {
+    match args.command.take() {
         Some(Cmd::Restore(a)) => return restore::restore(a),
         Some(Cmd::Recover(a)) => return restore::recover(a),
         Some(Cmd::Probe(a)) => return probe::run(a).await,
         None => {}
     }
-    // Flags over the environment (both from clap), over the file, over the defaults.
-    let file = match &args.config {
-        Some(path) => Settings::from_file(path)?,
-        None => Settings::default(),
-    };
-    let settings = args.settings.over(file).over(Settings::defaults());
+    let settings = settings(&args)?;
     let mut config = settings.to_config()?;
     config.build = build_info();
     init_logging(&settings)?;

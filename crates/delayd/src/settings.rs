@@ -185,6 +185,10 @@ pub struct Settings {
     /// calls must then show a certificate it signed (docs/tls.md) [default: none].
     #[arg(long, env = "DELAYD_PEER_CA_FILE")]
     pub peer_ca_file: Option<PathBuf>,
+    /// Tokio worker threads serving requests, replication and the timer [default: one fewer
+    /// than the cores the process may use, at least 1].
+    #[arg(long, env = "DELAYD_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// Test-only: serve /debug/clock to shift this node's clock (chaos testing) [default:
     /// false].
     #[arg(long, env = "DELAYD_DEBUG_CLOCK", num_args = 0..=1, default_missing_value = "true",
@@ -261,6 +265,7 @@ impl Settings {
             tls_cert_file: None,
             tls_key_file: None,
             peer_ca_file: None,
+            worker_threads: None,
         }
     }
 
@@ -278,7 +283,7 @@ impl Settings {
             election_timeout_min_ms, election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token,
             admin_token_file, previous_admin_tokens, cluster_secret, cluster_secret_file,
             previous_cluster_secrets, public_metrics, log_level, log_json, drain_timeout_ms,
-            ready_max_lag, debug_clock, tls_cert_file, tls_key_file, peer_ca_file,
+            ready_max_lag, debug_clock, tls_cert_file, tls_key_file, peer_ca_file, worker_threads,
         )
     }
 
@@ -486,10 +491,39 @@ impl Settings {
         Ok(files.map(delayd_server::tls::Tls::load).transpose()?)
     }
 
+    /// How many Tokio worker threads the node runs: `worker_threads`, checked, or
+    /// [`default_worker_threads`].
+    pub fn worker_threads(&self) -> anyhow::Result<usize> {
+        match self.worker_threads {
+            Some(0) => bail!("worker_threads must be at least 1"),
+            Some(n) if n > MAX_WORKER_THREADS => {
+                bail!("worker_threads ({n}) must be at most {MAX_WORKER_THREADS}")
+            }
+            Some(n) => Ok(n),
+            None => Ok(default_worker_threads()),
+        }
+    }
+
     /// Where the admin token is read from (and written to, when missing).
     pub fn admin_token_path(&self, config: &Config) -> PathBuf {
         self.admin_token_file.clone().unwrap_or_else(|| config.data_dir.join("admin-token"))
     }
+}
+
+/// More worker threads than this is a typo, not a machine.
+const MAX_WORKER_THREADS: usize = 1024;
+
+/// One Tokio worker fewer than the cores this process may use, at least one.
+///
+/// The workers are not the node's only busy threads: the WAL syncer, the blocking pool
+/// that applies large batches, RocksDB's flushes and compactions and snapshot builds run
+/// beside them, and with a worker on every core those threads preempt workers in the
+/// middle of a request. On two cores, with three nodes and the load generator sharing
+/// them, one worker per node served more jobs per second at less CPU per job than two in
+/// every pair measured (docs/bench/consume-path.md).
+pub fn default_worker_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_sub(1).max(1)
 }
 
 fn millis(d: Duration) -> u64 {
@@ -632,6 +666,20 @@ mod tests {
         assert!(err("ack_hold_ms = 10001").contains("ack_hold_ms (10001) must be at most 10000"));
         assert!(err("admin_token = \"0123456789abcdef\"\nadmin_token_file = \"t\"")
             .contains("not both"));
+    }
+
+    #[test]
+    fn worker_threads_default_to_one_fewer_than_the_cores_and_must_be_positive() {
+        let workers = |toml: &str| {
+            Settings::from_toml(toml).and_then(|s| s.over(Settings::defaults()).worker_threads())
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(workers("").expect("default"), cores.saturating_sub(1).max(1));
+        assert_eq!(workers("worker_threads = 3").expect("set"), 3);
+        let zero = workers("worker_threads = 0").expect_err("zero");
+        assert!(zero.to_string().contains("worker_threads must be at least 1"), "{zero}");
+        let huge = workers("worker_threads = 100000").expect_err("huge");
+        assert!(huge.to_string().contains("worker_threads (100000) must be at most"), "{huge}");
     }
 
     #[test]
