@@ -38,6 +38,8 @@ fn bad_settings_stop_delayd_with_the_key_named() -> Result<()> {
     ensure!(err.contains("heartbeat_ms (900) must be less than"), "{err}");
     let err = refused(&["--admin-token", "short"], &[])?;
     ensure!(err.contains("admin_token must be at least 16 characters"), "{err}");
+    let err = refused(&["--dev"], &[("DELAYD_WORKER_THREADS", "0")])?;
+    ensure!(err.contains("worker_threads must be at least 1"), "{err}");
     let err = refused(&["--config", "/nonexistent/delayd.toml"], &[])?;
     ensure!(err.contains("cannot read the config file /nonexistent/delayd.toml"), "{err}");
     Ok(())
@@ -165,7 +167,15 @@ async fn without_an_admin_token_one_is_generated_into_the_data_dir() -> Result<(
 async fn json_logs_carry_each_request_id_and_hide_the_admin_token() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let secret = "admin-token-that-must-not-be-logged";
-    let flags = ["--admin-token", secret, "--log-json", "--log-level", "info,delayd_server=debug"];
+    let flags = [
+        "--admin-token",
+        secret,
+        "--log-json",
+        "--log-level",
+        "info,delayd_server=debug",
+        "--worker-threads",
+        "3",
+    ];
     let flags = flags.iter().map(|f| f.to_string()).collect();
     let server =
         Server::spawn(1, &dir.path().join("node1"), free_port()?, free_port()?, flags).await?;
@@ -197,6 +207,13 @@ async fn json_logs_carry_each_request_id_and_hide_the_admin_token() -> Result<()
     }
     ensure!(!log.contains(secret), "the admin token reached the log");
     ensure!(log.contains("effective configuration") && log.contains("<redacted>"), "{log}");
+    // The runtime was built with the worker count the settings asked for.
+    let effective = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "effective configuration")
+        .context("no effective configuration line")?;
+    ensure!(effective["fields"]["worker_threads"] == 3, "{effective}");
     Ok(())
 }
 

@@ -128,6 +128,8 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         git_sha = %config.build.git_sha,
         settings = %serde_json::to_string(&settings.redacted()).unwrap_or_default(),
         config_file = ?args.config,
+        // The count the runtime was built with, the default resolved.
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "effective configuration"
     );
     if config.debug_clock {
