@@ -6,7 +6,7 @@ mod repeats;
 mod restore;
 mod settings;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -72,38 +72,48 @@ enum Cmd {
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let runtime = match args.command {
-        // The settings are read before the runtime is built: its worker count is one of them.
-        None => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(settings(&args)?.worker_threads()?)
-            .enable_all()
-            .build()?,
+    let mut args = Args::parse();
+    let (runtime, outcome) = match args.command.take() {
         // A probe, a restore or a recovery needs no pool of workers.
-        Some(_) => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+        Some(command) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let outcome = runtime.block_on(run_command(command));
+            (runtime, outcome)
+        }
+        // The settings are read before the runtime is built: its worker count is one of them.
+        None => {
+            let settings = layered(args.settings, args.config.as_deref())?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(settings.worker_threads()?)
+                .enable_all()
+                .build()?;
+            let outcome = runtime.block_on(run(settings, args.config));
+            (runtime, outcome)
+        }
     };
-    let outcome = runtime.block_on(run(args));
     runtime.shutdown_timeout(EXIT_WAIT);
     outcome
 }
 
-/// Flags over the environment (both from clap), over the file, over the defaults.
-fn settings(args: &Args) -> anyhow::Result<Settings> {
-    let file = match &args.config {
+/// `flags` (flags over the environment, both from clap) over the file, over the defaults.
+fn layered(flags: Settings, config_file: Option<&Path>) -> anyhow::Result<Settings> {
+    let file = match config_file {
         Some(path) => Settings::from_file(path)?,
         None => Settings::default(),
     };
-    Ok(args.settings.clone().over(file).over(Settings::defaults()))
+    Ok(flags.over(file).over(Settings::defaults()))
 }
 
-async fn run(mut args: Args) -> anyhow::Result<()> {
-    match args.command.take() {
-        Some(Cmd::Restore(a)) => return restore::restore(a),
-        Some(Cmd::Recover(a)) => return restore::recover(a),
-        Some(Cmd::Probe(a)) => return probe::run(a).await,
-        None => {}
+async fn run_command(command: Cmd) -> anyhow::Result<()> {
+    match command {
+        Cmd::Restore(a) => restore::restore(a),
+        Cmd::Recover(a) => restore::recover(a),
+        Cmd::Probe(a) => probe::run(a).await,
     }
-    let settings = settings(&args)?;
+}
+
+/// Runs the node with `settings` (fully layered, read from `config_file` if one was named).
+async fn run(settings: Settings, config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let mut config = settings.to_config()?;
     config.build = build_info();
     init_logging(&settings)?;
@@ -127,7 +137,7 @@ async fn run(mut args: Args) -> anyhow::Result<()> {
         version = %config.build.version,
         git_sha = %config.build.git_sha,
         settings = %serde_json::to_string(&settings.redacted()).unwrap_or_default(),
-        config_file = ?args.config,
+        config_file = ?config_file,
         // The count the runtime was built with, the default resolved.
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "effective configuration"

@@ -521,7 +521,7 @@ const MAX_WORKER_THREADS: usize = 1024;
 /// middle of a request. On two cores, with three nodes and the load generator sharing
 /// them, one worker per node served more jobs per second at less CPU per job than two in
 /// every pair measured (docs/bench/consume-path.md).
-pub fn default_worker_threads() -> usize {
+fn default_worker_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     cores.saturating_sub(1).max(1)
 }
