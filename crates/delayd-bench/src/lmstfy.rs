@@ -551,7 +551,8 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
     let late = late_publishes.load(Ordering::Relaxed);
     let pub_errors = take(&pub_errors);
     let how = " with whole-second delays";
-    let mut row = timer_row(SYSTEM, "timer", opts, consumed, published, late, pub_errors, how);
+    let mut row =
+        timer_row(SYSTEM, "timer", opts, wall0, consumed, published, late, pub_errors, how);
     let meant = meant_lateness.lock().map(|mut m| std::mem::take(&mut *m)).unwrap_or_default();
     // Not an early delivery by lmstfy's own rules (the score is its due time), but what a
     // user asking for "in N seconds" sees: lmstfy truncates now to the second.

@@ -142,6 +142,11 @@ struct Args {
     /// How long before its due time each `timer` job is published, ms.
     #[arg(long, default_value_t = 2_000)]
     timer_lead_ms: u64,
+    /// Write every timer delivery's due time (Unix ms) and lateness (ms) to a CSV file in
+    /// this directory, one file per run, to line the late ones up with the servers' own
+    /// logs and samples.
+    #[arg(long)]
+    timer_trace: Option<PathBuf>,
     /// Offered publishes per second in `publish-latency` (open loop).
     #[arg(long, default_value_t = 5_000)]
     latency_rate: u64,
@@ -224,6 +229,7 @@ impl Args {
             timer_rate: self.timer_rate,
             timer_secs: self.timer_secs,
             timer_lead_ms: self.timer_lead_ms,
+            timer_trace: self.timer_trace.clone(),
             latency_rate: self.latency_rate,
             latency_secs: self.latency_secs,
             storage_jobs: self.storage_jobs.clone(),

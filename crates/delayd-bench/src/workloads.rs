@@ -62,6 +62,8 @@ pub struct Opts {
     pub timer_secs: f64,
     /// How far ahead of its due time each `timer` job is published, ms.
     pub timer_lead_ms: u64,
+    /// Where timer runs write each delivery's due time and lateness (none: not written).
+    pub timer_trace: Option<std::path::PathBuf>,
     /// Offered publishes per second in `publish-latency`.
     pub latency_rate: u64,
     /// Seconds of `publish-latency`.
@@ -941,7 +943,17 @@ pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
     let published = published.load(Ordering::Relaxed);
     let late = late_publishes.load(Ordering::Relaxed);
     let pub_errors = take(&pub_errors);
-    Ok(timer_row(&ctx.system, workload, &ctx.opts, consumed, published, late, pub_errors, ""))
+    Ok(timer_row(
+        &ctx.system,
+        workload,
+        &ctx.opts,
+        wall0,
+        consumed,
+        published,
+        late,
+        pub_errors,
+        "",
+    ))
 }
 
 /// The row of a timer run (delayd's or a peer's): lateness percentiles and histogram, early
@@ -952,6 +964,7 @@ pub fn timer_row(
     system: &str,
     workload: &str,
     opts: &Opts,
+    wall0: f64,
     consumed: Tally,
     published: u64,
     late: u64,
@@ -960,6 +973,14 @@ pub fn timer_row(
 ) -> Row {
     let hist = lateness_histogram(&consumed.samples);
     let by_second = lateness_by_due_second(&consumed.due_lateness);
+    if let Some(dir) = &opts.timer_trace {
+        match write_timer_trace(dir, system, workload, wall0, &consumed.due_lateness) {
+            Ok(path) => {
+                eprintln!("  {system} {workload}: deliveries written to {}", path.display())
+            }
+            Err(e) => eprintln!("  {system} {workload}: cannot write the timer trace: {e:#}"),
+        }
+    }
     let (early, delivered) = (consumed.samples.below_zero(), consumed.samples.len());
     let mut row =
         Row::from_tally(system, workload, consumed, opts.timer_secs, "lateness (delivery − due)");
@@ -992,6 +1013,35 @@ pub fn timer_row(
         row.status = Status::Failed;
     }
     row
+}
+
+/// Writes `due_unix_ms,lateness_ms` for every delivery, ordered by due time, into a file
+/// named after the run's first due time, the system and the workload; returns its path.
+fn write_timer_trace(
+    dir: &std::path::Path,
+    system: &str,
+    workload: &str,
+    wall0: f64,
+    pairs: &[(f64, f64)],
+) -> Result<std::path::PathBuf> {
+    use std::io::Write as _;
+    let name: String = format!("{wall0:.0}-{system}-{workload}")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .collect();
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{name}.csv"));
+    let mut sorted = pairs.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    writeln!(out, "due_unix_ms,lateness_ms")?;
+    for (due, late) in sorted {
+        writeln!(out, "{:.1},{late:.2}", wall0 + due)?;
+    }
+    out.flush()?;
+    Ok(path)
 }
 
 /// Lateness percentiles of the jobs due in one second of a timer run.
@@ -1190,6 +1240,20 @@ pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timer_trace_lists_every_delivery_by_due_time() {
+        let dir = tempfile::tempdir().expect("dir");
+        let pairs = [(2.5, 7.0), (0.0, 1.25), (1.0, -0.5)];
+        let path = write_timer_trace(dir.path(), "delayd 3 nodes (auth)", "timer", 1_000.0, &pairs)
+            .expect("trace");
+        assert_eq!(
+            path.file_name().and_then(|n| n.to_str()),
+            Some("1000-delayd_3_nodes__auth_-timer.csv")
+        );
+        let text = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(text, "due_unix_ms,lateness_ms\n1000.0,1.25\n1001.0,-0.50\n1002.5,7.00\n");
+    }
 
     #[test]
     fn lateness_is_summarised_per_second_of_due_time() {
