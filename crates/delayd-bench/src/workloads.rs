@@ -959,6 +959,8 @@ pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
 /// The row of a timer run (delayd's or a peer's): lateness percentiles and histogram, early
 /// deliveries, and what was published. `how` describes the peer's way of delaying, in the
 /// note.
+/// `wall0` is the first job's due time (Unix ms), which the deliveries' due times in
+/// `consumed` count from; with `--timer-trace` the deliveries are also written to a file.
 #[allow(clippy::too_many_arguments)]
 pub fn timer_row(
     system: &str,
@@ -1024,23 +1026,20 @@ fn write_timer_trace(
     wall0: f64,
     pairs: &[(f64, f64)],
 ) -> Result<std::path::PathBuf> {
-    use std::io::Write as _;
+    use std::fmt::Write as _;
     let name: String = format!("{wall0:.0}-{system}-{workload}")
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
         .collect();
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join(format!("{name}.csv"));
     let mut sorted = pairs.to_vec();
     sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut out = std::io::BufWriter::new(
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?,
-    );
-    writeln!(out, "due_unix_ms,lateness_ms")?;
+    let mut csv = String::from("due_unix_ms,lateness_ms\n");
     for (due, late) in sorted {
-        writeln!(out, "{:.1},{late:.2}", wall0 + due)?;
+        let _ = writeln!(csv, "{:.1},{late:.2}", wall0 + due);
     }
-    out.flush()?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{name}.csv"));
+    std::fs::write(&path, csv).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
 
