@@ -56,7 +56,7 @@ const RIDDEN_TICK: u64 = 50;
 
 /// Applies delayd commands to one store and prints the cost per job.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version)]
 struct Args {
     /// Jobs per workload.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
