@@ -65,9 +65,10 @@ const SM_BLOCK_CACHE: usize = 32 << 20;
 /// moves it up the skip list only as far as the next key needs. The prefix is the key's
 /// first byte: keys of one kind share it (in the Meta column family floors, the sequence,
 /// the clock and the number index start with different letters), so a few places per
-/// column family serve every insert, and the map of places stays tiny. The option exists in RocksDB's options
-/// strings only, not in the C API. RocksDB uses the hints only where one thread inserts into
-/// a memtable at a time; writes it inserts in parallel take the plain path, as before.
+/// column family serve every insert, and the map of places stays tiny. The option exists in
+/// RocksDB's options strings only, not in the C API. RocksDB uses the hints only where one
+/// thread inserts into a memtable at a time; writes it inserts in parallel take the plain
+/// path, as before.
 const INSERT_HINTS: &str = "memtable_insert_with_hint_prefix_extractor=rocksdb.CappedPrefix.1";
 
 /// Opens (creating if needed) the database at `path` with every column family.
