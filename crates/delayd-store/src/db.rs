@@ -120,16 +120,17 @@ pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
     // they shared RocksDB's own default one when their options were copies of one (a copy
     // shares the table factory, and a factory makes its default cache once).
     let cache = Cache::new_lru_cache(SM_BLOCK_CACHE);
-    let sm_opts = |bloom: bool| -> Result<Options, StoreError> {
+    let hinted = Options::default().get_options_from_string(INSERT_HINTS)?;
+    let sm_opts = |bloom: bool| {
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&cache);
         if bloom {
             table.set_bloom_filter(10.0, false);
         }
-        let mut sm_opts = Options::default().get_options_from_string(INSERT_HINTS)?;
+        let mut sm_opts = hinted.clone();
         sm_opts.set_compression_type(DBCompressionType::Lz4);
         sm_opts.set_block_based_table_factory(&table);
-        Ok(sm_opts)
+        sm_opts
     };
 
     let mut cfs = vec![
@@ -141,9 +142,9 @@ pub(crate) fn open(path: &Path) -> Result<Db, StoreError> {
     // and a block of every overlapping level-0 file it is not in; a bloom filter (10 bits per
     // key, about 1 % false positives, 1.25 bytes per stored job) lets it skip those. The other
     // column families are scanned or rarely read by key.
-    for cf in Cf::ALL {
-        cfs.push(ColumnFamilyDescriptor::new(cf.name(), sm_opts(cf == Cf::Jobs)?));
-    }
+    cfs.extend(
+        Cf::ALL.iter().map(|cf| ColumnFamilyDescriptor::new(cf.name(), sm_opts(*cf == Cf::Jobs))),
+    );
     Ok(Db::open_cf_descriptors(&opts, path, cfs)?)
 }
 
