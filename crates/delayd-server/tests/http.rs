@@ -853,6 +853,33 @@ async fn admin_queues_lists_every_queue_with_its_counts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_routes_that_read_the_query_refuse_a_body() {
+    let t = TestNode::start().await;
+    t.publish(Q, "a job").await;
+    let applied = t.applied().await;
+    // Arguments sent as a body would be ignored: the call would go ahead without them (a
+    // leadership handed to whichever voter is ahead, a learner without its id).
+    for (uri, body) in [
+        ("/admin/leader", r#"{"to":1}"#),
+        ("/admin/leader?to=1", "to=1"),
+        ("/admin/nodes", r#"{"id":2,"addr":"127.0.0.1:1"}"#),
+    ] {
+        let (status, v) = t.call(Method::POST, uri, &[], body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {v}");
+        let error = v["error"].as_str().unwrap();
+        assert!(error.contains("query string") && error.contains("body"), "{uri}: {v}");
+    }
+    assert_eq!(t.applied().await, applied, "a refused call wrote nothing");
+    assert_eq!(t.get("/admin/cluster").await.1["voters"], json!([1]));
+    // The same calls with their arguments where they belong.
+    assert_eq!(
+        t.call(Method::POST, "/admin/leader?to=1", &[], Body::empty()).await,
+        (StatusCode::OK, json!({"leader": 1}))
+    );
+    t.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_files_are_served_with_their_types() {
     let t = TestNode::start().await;
     let get = |uri: &'static str| {

@@ -1,6 +1,7 @@
 //! `delayd`: run one node. With no arguments it is a single-node cluster with its data in
 //! `./data`, serving lmstfy's HTTP API on port 7777.
 
+mod fields;
 mod probe;
 mod repeats;
 mod restore;
@@ -13,6 +14,7 @@ use anyhow::Context;
 use clap::Parser;
 use delayd_server::config::BuildInfo;
 use delayd_server::Node;
+use fields::PlainFields;
 use repeats::Repeats;
 use settings::Settings;
 use tracing_subscriber::filter::Targets;
@@ -150,8 +152,8 @@ async fn run(settings: Settings, config_file: Option<PathBuf>) -> anyhow::Result
     Ok(())
 }
 
-/// Text logs (colours only on a terminal, so log files and `docker logs` stay plain) or JSON
-/// lines, filtered by `log_level` (`RUST_LOG`).
+/// Text logs (colours only on a terminal, so log files and `docker logs` stay plain, written
+/// by [`PlainFields`]) or JSON lines, filtered by `log_level` (`RUST_LOG`).
 ///
 /// A filter that only names targets and levels (the default, `info,openraft=warn`, is one)
 /// is applied as a [`Targets`] filter. `EnvFilter` parses the same lists but also span and
@@ -168,7 +170,11 @@ fn init_logging(settings: &Settings) -> anyhow::Result<()> {
         logs.with(fmt::layer().json().with_current_span(true)).init();
     } else {
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        logs.with(fmt::layer().with_ansi(ansi)).init();
+        if ansi {
+            logs.with(fmt::layer()).init();
+        } else {
+            logs.with(fmt::layer().with_ansi(false).fmt_fields(PlainFields)).init();
+        }
     }
     Ok(())
 }

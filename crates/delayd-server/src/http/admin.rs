@@ -10,7 +10,7 @@ use delayd_raft::NodeStatus;
 use serde_json::{json, Value};
 
 use super::error::{bad, ApiError, ApiResult};
-use super::extract::{credential, Admin, Caller, Params, Path};
+use super::extract::{credential, Admin, Caller, NoBody, Params, Path};
 use super::render;
 use crate::error::ServiceError;
 use crate::service::admin::MemberChange;
@@ -173,6 +173,7 @@ pub(crate) async fn add_learner(
     State(s): State<Service>,
     Admin(caller): Admin,
     p: Params,
+    _: NoBody,
 ) -> ApiResult {
     let id = node_id(p.str("id"))?;
     let addr = p.str("addr").unwrap_or_default().to_string();
@@ -205,6 +206,7 @@ pub(crate) async fn transfer_leader(
     State(s): State<Service>,
     Admin(caller): Admin,
     p: Params,
+    _: NoBody,
 ) -> ApiResult {
     let to = p.str("to").map(|id| node_id(Some(id))).transpose()?;
     let leader = s.transfer_leader(&caller, to).await?;

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use delayd_core::{Due, JobId, QueueName};
@@ -128,6 +128,27 @@ impl<S: Send + Sync> FromRequestParts<S> for Params {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
         Ok(Params::of(&parts.uri))
+    }
+}
+
+/// No request body, for the admin routes that take their arguments in the query string: a
+/// client that sends them as a body instead (`{"to": 2}` to `POST /admin/leader`) gets a 400
+/// saying where they go, rather than a call made as if it had sent none.
+pub(crate) struct NoBody;
+
+impl FromRequest<Service> for NoBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, service: &Service) -> Result<Self, ApiError> {
+        // The router's body limit bounds what is read here.
+        let sent = Bytes::from_request(request, service).await;
+        match body(sent, service.config().max_body_bytes)?.len() {
+            0 => Ok(NoBody),
+            n => Err(bad(format!(
+                "this route takes its parameters in the query string (e.g. ?to=2) and no \
+                 body; {n} bytes of body were sent"
+            ))),
+        }
     }
 }
 
