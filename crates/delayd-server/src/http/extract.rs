@@ -5,11 +5,11 @@
 //! value is in range is the service's call (`service/validate.rs`), made after it has
 //! authorized the caller.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use delayd_core::{Due, JobId, QueueName};
@@ -74,10 +74,21 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T>
     }
 }
 
-/// The path's named segments.
-async fn segments(parts: &mut Parts) -> Result<HashMap<String, String>, ApiError> {
-    let Path(segments) = Path::<HashMap<String, String>>::from_request_parts(parts, &()).await?;
-    Ok(segments)
+/// The path's named segments, percent-decoded. axum's `RawPathParams` hands out the router's
+/// own decoded copies: nothing is deserialized into a map of new strings, which every publish
+/// and ack would otherwise pay for.
+async fn segments(parts: &mut Parts) -> Result<RawPathParams, ApiError> {
+    match RawPathParams::from_request_parts(parts, &()).await {
+        Ok(segments) => Ok(segments),
+        Err(r) if r.status().is_client_error() => Err(bad(r.body_text())),
+        Err(r) => Err(ApiError(ServiceError::Internal(r.body_text()))),
+    }
+}
+
+/// The segment `name` of `segments`, or "" when the route has none of that name (a name
+/// the checks that follow refuse).
+fn segment<'a>(segments: &'a RawPathParams, name: &str) -> &'a str {
+    segments.iter().find_map(|(k, v)| (k == name).then_some(v)).unwrap_or_default()
 }
 
 /// `/api/{ns}/{q}/...`: a checked queue name.
@@ -88,8 +99,7 @@ impl<S: Send + Sync> FromRequestParts<S> for QueueRef {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
         let s = segments(parts).await?;
-        let part = |k: &str| s.get(k).map_or("", String::as_str);
-        Ok(QueueRef(queue_name(part("ns"), part("q"))?))
+        Ok(QueueRef(queue_name(segment(&s, "ns"), segment(&s, "q"))?))
     }
 }
 
@@ -101,8 +111,8 @@ impl<S: Send + Sync> FromRequestParts<S> for JobRef {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
         let s = segments(parts).await?;
-        let part = |k: &str| s.get(k).map_or("", String::as_str);
-        Ok(JobRef(queue_name(part("ns"), part("q"))?, job_id(part("id"))?))
+        let queue = queue_name(segment(&s, "ns"), segment(&s, "q"))?;
+        Ok(JobRef(queue, job_id(segment(&s, "id"))?))
     }
 }
 

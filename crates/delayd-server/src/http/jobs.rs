@@ -91,9 +91,15 @@ pub(crate) async fn reserve(
             }
             (StatusCode::NOT_FOUND, Json(v)).into_response()
         }
-        [one] if count == 1 => Json(render::delivery(one, now, acked)).into_response(),
-        all => Json(all.iter().map(|d| render::delivery(d, now, None)).collect::<Vec<_>>())
-            .into_response(),
+        [one] if count == 1 => {
+            let answer = render::delivery(one, now, acked);
+            render::json(StatusCode::OK, &answer, answer.json_len())
+        }
+        all => {
+            let answers: Vec<_> = all.iter().map(|d| render::delivery(d, now, None)).collect();
+            let len = answers.iter().map(|a| a.json_len() + 1).sum::<usize>() + 2;
+            render::json(StatusCode::OK, &answers, len)
+        }
     };
     if let Some(header) = acked.and_then(|a| HeaderValue::from_str(&a.header()).ok()) {
         resp.headers_mut().insert("delayd-acked", header);
@@ -102,7 +108,8 @@ pub(crate) async fn reserve(
 }
 
 fn job_answer(s: &Service, job: &Job) -> Response {
-    Json(render::job(job, s.now_ms())).into_response()
+    let answer = render::job(job, s.now_ms());
+    render::json(StatusCode::OK, &answer, answer.json_len())
 }
 
 /// `DELETE /api/{ns}/{q}/job/{id}`: acks the job.
