@@ -89,7 +89,8 @@ for tool in valgrind callgrind_control curl jq; do
   command -v "$tool" >/dev/null || die "$tool not found (apt-get install -y valgrind curl jq)"
 done
 [ -x "$bin" ] || die "$bin is not an executable (cargo build --release -p delayd, or --bin)"
-[ -x "$bench" ] || die "$bench is not an executable (cargo build --release -p delayd-bench, or --bench)"
+[ -x "$bench" ] ||
+  die "$bench is not an executable (cargo build --release -p delayd-bench, or --bench)"
 # Defaults (and $DELAYD_BIN, as in the other scripts) are relative to the repository root.
 case "$bin" in /*) ;; *) bin=$PWD/$bin ;; esac
 case "$bench" in /*) ;; *) bench=$PWD/$bench ;; esac
@@ -132,17 +133,18 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/delayd-count.XXXXXX")
 if [ -z "$out" ]; then out=$(mktemp -d "${TMPDIR:-/tmp}/delayd-count-out.XXXXXX"); fi
 mkdir -p "$out"
 cg="$work/callgrind.out" # callgrind appends .1, .2, ... per dump
+# valgrind's pipes for callgrind_control (through vgdb) go with the rest, even after a SIGKILL.
+vgdb_prefix="$work/vgdb-pipe"
 
 pids=()
+# Stops every node: SIGTERM, then SIGKILL after 15 s (nodes stopping together keep trying to
+# hand the lead over to one another until the transfer timeout; their data is thrown away).
 stop_nodes() {
-  local pid deadline=$((SECONDS + 60))
+  local pid deadline=$((SECONDS + 15))
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then
-      say "pid $pid still running after SIGTERM: killing it"
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
+    kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
   pids=()
@@ -172,7 +174,8 @@ for i in 1 2 3; do
   if [ "$i" = "$node" ]; then
     # Instrumented from the start, so that callgrind sees every call that is under way when
     # a count begins (counting itself is reset by the dump before each workload).
-    valgrind --tool=callgrind --callgrind-out-file="$cg" "$bin" "${args[@]}" \
+    valgrind --tool=callgrind --callgrind-out-file="$cg" --vgdb-prefix="$vgdb_prefix" \
+      "$bin" "${args[@]}" \
       >"$out/$tag.node$i.log" 2>&1 &
     vg_pid=$!
   else
@@ -192,7 +195,9 @@ alive() {
   done
 }
 # health FIELD NODE: one field of the node's /health answer, empty when it does not answer.
-health() { curl -sf -m 10 "$(url "$2")/health" 2>/dev/null | jq -r ".$1 // empty" 2>/dev/null || true; }
+health() {
+  curl -sf -m 10 "$(url "$2")/health" 2>/dev/null | jq -r ".$1 // empty" 2>/dev/null || true
+}
 # The leader every node names, or nothing while they disagree.
 agreed_leader() {
   local l1 l2 l3
@@ -206,8 +211,8 @@ wait_leader() {
     alive
     l=$(agreed_leader)
     if [ -n "$l" ] && { [ -z "$1" ] || [ "$l" = "$1" ]; }; then echo "$l"; return; fi
-    [ $SECONDS -lt $deadline ] ||
-      die "after ${2}s the nodes name leaders $(health leader 1)/$(health leader 2)/$(health leader 3), not ${1:-one}"
+    [ $SECONDS -lt $deadline ] || die "after ${2}s the nodes name leaders" \
+      "$(health leader 1)/$(health leader 2)/$(health leader 3), not ${1:-one}"
     sleep 0.5
   done
 }
@@ -230,6 +235,7 @@ place_leader() {
 # Waits until every node has applied the index the leader has logged up to now.
 wait_applied() {
   local target i a deadline=$((SECONDS + catchup_timeout))
+  alive
   target=$(health last_log_index "$want")
   [ -n "$target" ] || die "node $want (the leader) does not answer /health"
   for i in 1 2 3; do
@@ -250,13 +256,17 @@ dumps=0
 # dump HINT: writes callgrind's counters since the last dump to a file, named in $dumped, and
 # zeroes them.
 dump() {
-  callgrind_control -d "$1" "$vg_pid" >/dev/null || die "callgrind_control -d $vg_pid failed"
+  local said
+  said=$(callgrind_control --vgdb-prefix="$vgdb_prefix" -d "$1" "$vg_pid" 2>&1) ||
+    die "callgrind_control -d failed: $said"
   dumps=$((dumps + 1))
   dumped="$cg.$dumps"
   [ -s "$dumped" ] || die "callgrind wrote no $dumped"
 }
 # Instructions (Ir) of a dump: its summary line, what callgrind_annotate calls PROGRAM TOTALS.
 instructions() { sed -n 's/^summary: *\([0-9]*\).*/\1/p' "$1" | head -1; }
+# One line of summary.tsv: the arguments joined by tabs.
+tsv() { local IFS=$'\t'; echo "$*"; }
 # 1234567 -> 1,234,567
 group() {
   local n=${1#-} sign="" s=""
@@ -299,6 +309,7 @@ for run in "${runs[@]}"; do
     --clients "$clients" --workloads "$w" --jobs "$jobs" --drain-jobs "$jobs" --secs 86400 \
     --namespace "count-$stamp-$k" --json "$base.bench.json" ${extra[@]+"${extra[@]}"} \
     >"$base.bench.log" 2>&1 || rc=$?
+  [ "$rc" -ne 130 ] || exit 130 # the bench was interrupted (Ctrl-C)
   wait_applied
   dump "$label"
   mv "$dumped" "$base.callgrind"
@@ -335,15 +346,13 @@ for run in "${runs[@]}"; do
   fi
   line=$(printf '%-10s %-5s %-22s %7s %16s %10s %12s  %s' "$role" "$node" "$label" \
     "${done_jobs:-?}" "$(group "$ir")" "$(group "${per_job:-0}")" \
-    "${net:+$(group "$net")}" "$note")
+    "${net:+$(group "$net")}" "$note" | sed 's/ *$//')
   echo "$line"
   rows+=("$line")
-  [ -s "$out/summary.tsv" ] ||
-    printf 'role\tnode\tcounted\tworkload\tjobs\tclients\tinstructions\tper_job\tper_job_net\tfile\tnote\n' \
-      >"$out/summary.tsv"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$role" "$node" "$label" "$w" \
-    "${done_jobs:-}" "$clients" "$ir" "$per_job" "$net" "$base.callgrind" "$note" \
-    >>"$out/summary.tsv"
+  [ -s "$out/summary.tsv" ] || tsv role node counted workload jobs clients instructions per_job \
+    per_job_net file note >"$out/summary.tsv"
+  tsv "$role" "$node" "$label" "$w" "${done_jobs:-}" "$clients" "$ir" "$per_job" "$net" \
+    "$base.callgrind" "$note" >>"$out/summary.tsv"
 done
 
 stop_nodes
@@ -353,6 +362,6 @@ printf '%-10s %-5s %-22s %7s %16s %10s %12s\n' role node counted jobs instructio
   "net per job"
 printf '%s\n' "${rows[@]}"
 [ "$preload" = no ] || [ -z "${ir_of[preload]:-}" ] ||
-  echo "(\"preload\": publish-bulk of ready jobs as a drain preloads them; a drain's net per job takes it off)"
+  echo "(preload: publish-bulk of ready jobs, as a drain preloads them; net per job takes it off)"
 echo "dumps, bench JSON and logs in $out (callgrind_annotate --inclusive=yes FILE)"
 exit "$failed"
