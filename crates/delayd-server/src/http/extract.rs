@@ -155,8 +155,8 @@ impl FromRequest<Service> for NoBody {
         match body(sent, service.config().max_body_bytes)?.len() {
             0 => Ok(NoBody),
             n => Err(bad(format!(
-                "this route takes its parameters in the query string (e.g. ?to=2) and no \
-                 body; {n} bytes of body were sent"
+                "this route takes its parameters in the query string and no body; {n} bytes \
+                 of body were sent"
             ))),
         }
     }
