@@ -24,7 +24,7 @@
 #   scripts/count-node.sh --role leader --workloads "drain drain-ackfirst" --out /tmp/a
 #   scripts/count-node.sh --bin /tmp/delayd-before --out /tmp/a   # build A; then build B:
 #   scripts/count-node.sh --out /tmp/b
-#   callgrind_annotate --inclusive=yes /tmp/a/leader-node1-2-drain.callgrind | head -60
+#   callgrind_annotate --inclusive=yes /tmp/a/leader-node1-3-drain.callgrind | head -60
 #
 # Options:
 #   --role leader|follower  the counted node leads, or follows another node (default leader)
@@ -47,7 +47,7 @@
 # DELAYD_ELECTION_TIMEOUT_MAX_MS (8000), DELAYD_TRANSFER_TIMEOUT_MS (10000) and any other
 # DELAYD_* setting of the nodes; VALGRIND_OPTS (read by valgrind itself); START_TIMEOUT_S (300,
 # for the cluster to form), CATCHUP_TIMEOUT_S (600, for every node to apply what the leader
-# logged).
+# logged); BENCH_SECS (1800, the longest a workload runs, should it stop counting its jobs).
 set -euo pipefail
 shopt -s inherit_errexit
 here=$PWD
@@ -306,7 +306,8 @@ for run in "${runs[@]}"; do
   say "counting $label ($w, $jobs jobs, c = $clients) on node $node"
   rc=0
   DELAYD_TOKEN=$token "$bench" --target "$(url 1),$(url 2),$(url 3)" --via-leader \
-    --clients "$clients" --workloads "$w" --jobs "$jobs" --drain-jobs "$jobs" --secs 86400 \
+    --clients "$clients" --workloads "$w" --jobs "$jobs" --drain-jobs "$jobs" \
+    --secs "${BENCH_SECS:-1800}" \
     --namespace "count-$stamp-$k" --json "$base.bench.json" ${extra[@]+"${extra[@]}"} \
     >"$base.bench.log" 2>&1 || rc=$?
   [ "$rc" -ne 130 ] || exit 130 # the bench was interrupted (Ctrl-C)

@@ -9,8 +9,9 @@
 //! text directly: `name=value` pairs separated by spaces, the message bare and first where
 //! it was logged first, the `log.` fields of records bridged from the `log` crate left out
 //! (the formatter shows them as the line's target and place), a raw identifier's `r#`
-//! dropped, and the message's terminal control characters escaped when the writer asks for
-//! it, as `DefaultFields` does.
+//! dropped, the message's terminal control characters escaped when the writer asks for it,
+//! and an error field as its escaped text followed by `name.sources=[…]` when it has
+//! sources, as `DefaultFields` does.
 
 use std::fmt::{self, Write};
 
@@ -41,6 +42,31 @@ struct Visitor<'writer> {
 }
 
 impl Visit for Visitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        // A message given as a string field is written bare, like one from a format string.
+        if field.name() == "message" {
+            self.record_debug(field, &format_args!("{value}"));
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+
+    /// An error as its text, escaped like a message (it may carry what a client sent), then
+    /// the chain of its sources as `name.sources=[…]`.
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let text = Escaped(value, self.escape);
+        match value.source() {
+            Some(source) => {
+                let sources = Sources(source, self.escape);
+                self.record_debug(
+                    field,
+                    &format_args!("{text} {}.sources={sources}", field.name()),
+                );
+            }
+            None => self.record_debug(field, &format_args!("{text}")),
+        }
+    }
+
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         let name = field.name();
         if self.result.is_err() || name.starts_with("log.") {
@@ -83,6 +109,41 @@ impl<W: Write> Write for Escaping<'_, W> {
     }
 }
 
+/// A value's text, escaped as [`Escaping`] does when the flag is set; the same either way it
+/// is formatted.
+struct Escaped<'a, T: ?Sized>(&'a T, bool);
+
+impl<T: fmt::Display + ?Sized> fmt::Display for Escaped<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.1 {
+            write!(Escaping(f), "{}", self.0)
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+impl<T: fmt::Display + ?Sized> fmt::Debug for Escaped<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// An error and the errors under it, as a list of their escaped texts.
+struct Sources<'a>(&'a (dyn std::error::Error + 'static), bool);
+
+impl fmt::Display for Sources<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut list = f.debug_list();
+        let mut next = Some(self.0);
+        while let Some(error) = next {
+            list.entry(&Escaped(error, self.1));
+            next = error.source();
+        }
+        list.finish()
+    }
+}
+
 fn is_control(c: char) -> bool {
     matches!(c, '\x1b' | '\x07' | '\x08' | '\x0c' | '\x7f' | '\u{80}'..='\u{9f}')
 }
@@ -117,6 +178,22 @@ mod tests {
         }
     }
 
+    /// An error with a source, for the `.sources` list.
+    #[derive(Debug)]
+    struct Outer(io::Error);
+
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("outer")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
     /// What a request's lines look like: its span's fields, then the event's, message first.
     fn lines<F>(fields: F) -> String
     where
@@ -140,6 +217,12 @@ mod tests {
             tracing::info!(status = 200u16, micros = 17u64, "request done");
             tracing::warn!(r#type = "raw", text = "quoted \"s\"", "escaped \x1b[31m\u{9b}red");
             tracing::info!(count = 3, later = true, "message first");
+            tracing::info!(message = "a message field", n = 1);
+            let inner = io::Error::other("inner \x1b[2J");
+            let outer = io::Error::new(io::ErrorKind::NotFound, Outer(inner));
+            tracing::warn!(error = &outer as &dyn std::error::Error, "failed");
+            let alone = io::Error::other("alone");
+            tracing::warn!(error = &alone as &dyn std::error::Error, "failed");
         });
         let bytes = sink.0.lock().unwrap_or_else(PoisonError::into_inner).clone();
         String::from_utf8(bytes).unwrap_or_default()
@@ -154,5 +237,7 @@ mod tests {
         ));
         assert!(plain.contains(r#"escaped \x1b[31m\u{9b}red type="raw" text="quoted \"s\"""#));
         assert!(plain.contains("message first count=3 later=true"), "{plain}");
+        assert!(plain.contains("a message field n=1"), "{plain}");
+        assert!(plain.contains(r"error=outer error.sources=[inner \x1b[2J]"), "{plain}");
     }
 }

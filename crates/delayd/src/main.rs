@@ -171,7 +171,7 @@ fn init_logging(settings: &Settings) -> anyhow::Result<()> {
     } else {
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if ansi {
-            logs.with(fmt::layer()).init();
+            logs.with(fmt::layer().with_ansi(true)).init();
         } else {
             logs.with(fmt::layer().with_ansi(false).fmt_fields(PlainFields)).init();
         }

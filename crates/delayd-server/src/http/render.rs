@@ -110,7 +110,7 @@ pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T, capacity: usize)
             (status, [(header::CONTENT_TYPE, json)], text).into_response()
         }
         Err(e) => {
-            // What axum's `Json` answers too; a value of ours always serializes.
+            // A 500, as axum's `Json` answers; a value of ours always serializes.
             (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write the answer: {e}"))
                 .into_response()
         }
