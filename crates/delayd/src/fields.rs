@@ -151,32 +151,11 @@ fn is_control(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use std::io;
-    use std::sync::{Arc, Mutex, PoisonError};
 
     use tracing_subscriber::fmt::format::DefaultFields;
-    use tracing_subscriber::fmt::MakeWriter;
 
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Sink {
-        type Writer = Sink;
-        fn make_writer(&'a self) -> Sink {
-            self.clone()
-        }
-    }
+    use crate::log_sink::Sink;
 
     /// An error with a source, for the `.sources` list.
     #[derive(Debug)]
@@ -224,8 +203,7 @@ mod tests {
             let alone = io::Error::other("alone");
             tracing::warn!(error = &alone as &dyn std::error::Error, "failed");
         });
-        let bytes = sink.0.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        String::from_utf8(bytes).unwrap_or_default()
+        sink.text()
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! `./data`, serving lmstfy's HTTP API on port 7777.
 
 mod fields;
+#[cfg(test)]
+mod log_sink;
 mod probe;
 mod repeats;
 mod restore;

@@ -66,34 +66,17 @@ impl<S: Subscriber> Layer<S> for Repeats {
 
 #[cfg(test)]
 mod tests {
-    use std::io;
-    use std::sync::Arc;
-
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
-
-    /// Collects what the fmt layer writes.
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::log_sink::Sink;
 
     #[test]
     fn a_repeating_warning_passes_once_per_period_and_others_always() {
         let sink = Sink::default();
-        let out = sink.clone();
-        let subscriber = tracing_subscriber::registry().with(Repeats::default()).with(
-            tracing_subscriber::fmt::layer().with_ansi(false).with_writer(move || out.clone()),
-        );
+        let subscriber = tracing_subscriber::registry()
+            .with(Repeats::default())
+            .with(tracing_subscriber::fmt::layer().with_ansi(false).with_writer(sink.clone()));
         tracing::subscriber::with_default(subscriber, || {
             for i in 0..20 {
                 tracing::warn!(target: "openraft::core::heartbeat::worker", i, "failed heartbeat");
@@ -102,8 +85,7 @@ mod tests {
                 tracing::warn!(target: "openraft::core::raft_core", i, "another warning");
             }
         });
-        let text = String::from_utf8(sink.0.lock().unwrap_or_else(PoisonError::into_inner).clone())
-            .unwrap_or_default();
+        let text = sink.text();
         let count = |what: &str| text.lines().filter(|l| l.contains(what)).count();
         assert_eq!(count("failed heartbeat"), 1, "{text}");
         assert_eq!(count("recv RPCError"), 1, "{text}");

@@ -152,7 +152,7 @@ impl FromRequest<Service> for NoBody {
     async fn from_request(request: Request, service: &Service) -> Result<Self, ApiError> {
         // The router's body limit bounds what is read here.
         let sent = Bytes::from_request(request, service).await;
-        match body(sent, service.config().max_body_bytes)?.len() {
+        match body_bytes(sent, service.config().max_body_bytes)?.len() {
             0 => Ok(NoBody),
             n => Err(bad(format!(
                 "this route takes its parameters in the query string and no body; {n} bytes \
@@ -344,8 +344,13 @@ pub(crate) fn split_json_array(data: &[u8]) -> Result<Vec<Vec<u8>>, ServiceError
 /// A request body read within `limit` bytes (the route's body limit layer enforces it; this
 /// names it in the 413).
 pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Vec<u8>, ApiError> {
+    body_bytes(body, limit).map(|b| b.to_vec())
+}
+
+/// [`body`], as axum read it (no copy).
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     match body {
-        Ok(b) => Ok(b.to_vec()),
+        Ok(b) => Ok(b),
         Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
             Err(ApiError(ServiceError::TooLarge(format!(
                 "the request body is larger than the limit of {limit} bytes"
