@@ -141,6 +141,37 @@ async fn the_file_is_overridden_by_the_environment_and_that_by_flags() -> Result
     Ok(())
 }
 
+/// Logs go to stderr, as the configuration guide says, and without colours when stderr is
+/// not a terminal: stdout is left to what a command prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_go_to_stderr_and_stdout_stays_empty() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (http, grpc) = (free_port()?, free_port()?);
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let child = Command::new(delayd_bin()?)
+        .args(["--dev", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--http-addr", &format!("127.0.0.1:{http}")])
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out)?)
+        .stderr(std::fs::File::create(&err)?)
+        .spawn()?;
+    let node = Child(child);
+    healthy(&format!("http://127.0.0.1:{http}")).await?;
+    let logged = eventually(Duration::from_secs(10), || async {
+        let text = std::fs::read_to_string(&err)?;
+        Ok(text.contains("effective configuration").then_some(text))
+    })
+    .await?;
+    drop(node);
+    ensure!(!logged.contains('\u{1b}'), "colour codes in a log that is not a terminal");
+    let printed = std::fs::read_to_string(&out)?;
+    ensure!(printed.is_empty(), "stdout carried: {printed}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_admin_token_one_is_generated_into_the_data_dir() -> Result<()> {
     use std::os::unix::fs::PermissionsExt;

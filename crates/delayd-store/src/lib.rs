@@ -68,6 +68,11 @@
 //! The log's reads are mostly of the entries just appended (a leader reads each back once per
 //! follower and once to apply it); the last ones stay decoded in memory for them, see
 //! `recent.rs`. That window is the log's tail and changes only with the log's own writes.
+//! Likewise apply reads mostly what it read or wrote a moment before: the job record a reserve
+//! wrote a round trip before its ack, a queue's ready floor for every job that becomes ready,
+//! the counters and the clock once per batch. Those stay in a small table for it, see
+//! `apply_cache.rs`. The table follows apply's own writes and is cleared before an install
+//! replaces the state; readers' consistent views never read it.
 //!
 //! ## Start-up
 //!
@@ -90,6 +95,7 @@
 //! Backups (an export of the state in the snapshot format), restores into a new data
 //! directory and quorum-loss recovery are in `backup.rs`.
 
+mod apply_cache;
 mod backup;
 mod db;
 mod error;

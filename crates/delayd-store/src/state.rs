@@ -14,6 +14,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use rocksdb::WriteBatch;
 use tokio::io::AsyncWriteExt;
 
+use crate::apply_cache::{self, ApplyCache, ApplyView};
 use crate::db::{
     self, meta_key, Db, ReadView, StorageSizes, CF_RAFT_META, SM_LAST_APPLIED, SM_MEMBERSHIP,
     SM_RESERVED_PREFIX,
@@ -69,9 +70,11 @@ pub(crate) struct Shared {
     receiving: Mutex<Vec<std::path::PathBuf>>,
     listener: RwLock<Option<ApplyListener>>,
     metrics: StoreMetrics,
+    /// What apply reads again and again (`apply_cache.rs`).
+    pub(crate) apply_cache: Mutex<ApplyCache>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves its data consistent, so a panic elsewhere does not make
     // the data unusable.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -102,6 +105,7 @@ impl Shared {
             receiving: Mutex::new(Vec::new()),
             listener: RwLock::new(None),
             metrics,
+            apply_cache: Mutex::new(ApplyCache::default()),
         };
         let unfinished: Option<SnapshotRecord> =
             db::get_decoded(&shared.db, CF_RAFT_META, meta_key::INSTALLING)?;
@@ -147,7 +151,7 @@ impl Shared {
         entries: &[LogEntry],
     ) -> Result<(Vec<Vec<Outcome>>, Effects), StoreError> {
         let started = Instant::now();
-        let live = ReadView::live(&self.db);
+        let live = ApplyView { live: ReadView::live(&self.db), cache: &self.apply_cache };
         let mut overlay = Overlay::new(&live);
         let mut replies = Vec::with_capacity(entries.len());
         let mut effects = Effects::default();
@@ -198,11 +202,14 @@ impl Shared {
     /// changed it, the membership.
     fn write_applied(
         &self,
-        overlay: Overlay<'_, ReadView<'_>>,
+        overlay: Overlay<'_, ApplyView<'_>>,
         last_applied: Option<LogId>,
         membership: Option<StoredMembership>,
     ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
+        // The writes the apply cache follows, for it once they are in the database: the batch
+        // copies each value, so the cache takes the one apply would drop.
+        let mut followed = Vec::new();
         for (cf, key, value) in overlay.into_writes() {
             if cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX) {
                 return Err(StoreError::Corrupt(format!(
@@ -211,9 +218,12 @@ impl Shared {
                 )));
             }
             let handle = db::cf(&self.db, cf.name())?;
-            match value {
-                Some(value) => batch.put_cf(handle, key, value),
-                None => batch.delete_cf(handle, key),
+            match &value {
+                Some(value) => batch.put_cf(handle, &key, value),
+                None => batch.delete_cf(handle, &key),
+            }
+            if apply_cache::follows(cf) {
+                followed.push((cf, key, value));
             }
         }
         let meta = db::cf(&self.db, Cf::Meta.name())?;
@@ -225,6 +235,10 @@ impl Shared {
         // this write also loses `last_applied` with it, so openraft re-applies the same
         // entries (see `db::unlogged`).
         self.db.write_opt(batch, &db::unlogged())?;
+        let mut cache = lock(&self.apply_cache);
+        for (cf, key, value) in followed {
+            cache.wrote(cf, &key, value);
+        }
         Ok(())
     }
 
@@ -374,6 +388,9 @@ impl Shared {
     /// membership and removes the marker. A restart in between calls this again.
     pub(crate) fn load(&self, record: &SnapshotRecord) -> Result<(), StoreError> {
         let _gate = self.install_gate.write().unwrap_or_else(PoisonError::into_inner);
+        // Before the first write: whatever happens next, nothing of the old state may answer
+        // apply's reads of the new one.
+        lock(&self.apply_cache).clear();
         let db = &*self.db;
         let path = self.dir.path(&record.file);
         let file = File::open(&path).map_err(ctx_io("open snapshot to install"))?;
@@ -1063,6 +1080,156 @@ mod tests {
         copy_tree(&data, &dir.path().join("crashed"));
         let (_log, crashed) = open(&dir.path().join("crashed"));
         assert_eq!(dump(&crashed), dump(&sm_l), "the deleted job came back");
+    }
+
+    /// The state machine's data: [`dump`] without the store's own keys (an install writes the
+    /// membership, which a state that never applied a membership entry lacks).
+    fn state_of(sm: &StateMachineStore) -> Dump {
+        let ours = |cf: &Cf, k: &[u8]| *cf == Cf::Meta && k.starts_with(SM_RESERVED_PREFIX);
+        dump(sm).into_iter().filter(|(cf, k, _)| !ours(cf, k)).collect()
+    }
+
+    /// The reads of job records apply's cache answered, and those it sent to the database.
+    fn table(sm: &StateMachineStore) -> (u64, u64) {
+        let c = lock(&sm.shared.apply_cache);
+        (c.hits[Cf::Jobs.index()], c.misses[Cf::Jobs.index()])
+    }
+
+    #[tokio::test]
+    async fn a_record_an_apply_wrote_is_read_back_from_memory() {
+        use crate::test_entries::{cancel_entry, publish_entry};
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, mut sm) = open(dir.path());
+        apply_entries(&mut sm, [publish_entry(1, 1, b"one".to_vec())]).await.expect("apply");
+        let (hits, misses) = table(&sm);
+        apply_entries(&mut sm, [cancel_entry(1, 2, 1)]).await.expect("apply");
+        assert_eq!(table(&sm), (hits + 1, misses), "the cancel's read of job 1");
+        assert!(dump(&sm).iter().all(|(cf, _, _)| *cf != Cf::Jobs), "job 1 is gone");
+
+        // Deleted, the record is read from the database again (and is absent there).
+        apply_entries(&mut sm, [cancel_entry(1, 3, 1)]).await.expect("apply");
+        assert_eq!(table(&sm), (hits + 1, misses + 1));
+    }
+
+    /// Nothing apply's cache held before an install may answer a read of the installed state:
+    /// here the follower's stale job 3 sits at another place in line than the leader's (and
+    /// its queue's counts and floor differ), and a cancel that read any of it would leave
+    /// another state than the leader's.
+    #[tokio::test]
+    async fn an_install_leaves_nothing_of_the_old_state_in_the_apply_cache() {
+        use crate::test_entries::{cancel_entry, publish_entry};
+        let (leader_dir, follower_dir) =
+            (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let (_log_l, mut sm_l) = open(leader_dir.path());
+        let published = (1..=3).map(|i| publish_entry(1, i, b"leader".to_vec()));
+        apply_entries(&mut sm_l, published).await.expect("apply");
+        let mut built = sm_l.get_snapshot_builder().await.build_snapshot().await.expect("build");
+        let bytes = read_snapshot(&mut built).await;
+
+        let (_log_f, mut sm_f) = open(follower_dir.path());
+        apply_entries(&mut sm_f, [publish_entry(1, 3, b"stale".to_vec())]).await.expect("apply");
+        receive(&mut sm_f, &built.meta, &bytes).await.expect("install");
+        let before = table(&sm_f);
+
+        apply_entries(&mut sm_l, [cancel_entry(1, 4, 3)]).await.expect("apply");
+        apply_entries(&mut sm_f, [cancel_entry(1, 4, 3)]).await.expect("apply");
+        assert_eq!(state_of(&sm_f), state_of(&sm_l));
+        assert_eq!(table(&sm_f), (before.0, before.1 + 1), "the cancel read job 3 from the store");
+    }
+
+    /// A command of a random workload over three queues and forty job ids: every kind a
+    /// consumer's and a timer's path takes, so that the cache meets reads of what was just
+    /// written, deleted, moved and fired.
+    fn random_command(next: &mut impl FnMut(u64) -> u64) -> delayd_core::Command {
+        use delayd_core::{Command, Due, JobId, NewJob, QueueName, Target};
+        let queue = QueueName::new("ns", ["a", "b", "c"][next(3) as usize]);
+        let id = JobId(0xbeef << 64 | u128::from(next(40)));
+        match next(10) {
+            0..=2 => Command::Publish {
+                queue,
+                job: NewJob {
+                    id,
+                    key: None,
+                    body: vec![b'x'; next(200) as usize],
+                    attributes: Default::default(),
+                    due: Due::After(if next(2) == 0 { 0 } else { next(3_000) }),
+                    ttl_ms: None,
+                    tries: 1 + next(3) as u16,
+                    ttr_ms: 500,
+                    priority: next(3) as u32,
+                },
+            },
+            3 => Command::Reserve {
+                queues: vec![queue],
+                count: 1 + next(3) as u32,
+                ttr_ms: None,
+                lease_seed: next(u64::MAX),
+            },
+            4 => Command::Ack { queue, id, lease: None },
+            5 => Command::Release { queue, id, lease: None, delay_ms: next(1_000), priority: None },
+            6 => Command::Cancel { queue, target: Target::Id(id) },
+            7 => Command::Bury { queue, id, lease: None },
+            8 => Command::Update {
+                queue,
+                target: Target::Id(id),
+                due: Some(Due::After(next(2_000))),
+                body: None,
+                priority: Some(next(3) as u32),
+            },
+            _ => Command::Tick { limit: 1 + next(20) as u32 },
+        }
+    }
+
+    /// Applying through the store (and its cache of what apply reads) leaves exactly the
+    /// state and answers that applying the same entries to an in-memory map does, batch
+    /// after batch.
+    #[tokio::test]
+    async fn the_apply_cache_changes_no_outcome_and_no_state() {
+        use delayd_core::{Entry, MemKv, Overlay};
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, sm) = open(dir.path());
+        let mut mem = MemKv::default();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            // xorshift64*: deterministic, so a failure repeats.
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+        };
+        let (mut index, mut now) = (0u64, 1_000u64);
+        for batch in 0..400 {
+            let mut entries = Vec::new();
+            for _ in 0..1 + next(3) {
+                index += 1;
+                now += next(400);
+                let commands = (0..1 + next(5)).map(|_| random_command(&mut next)).collect();
+                entries.push(LogEntry {
+                    log_id: log_id::<TypeConfig>(1, 0, index),
+                    payload: EntryPayload::Normal(Entry::new(now, commands)),
+                });
+            }
+            let (replies, _) = sm.shared.apply(&entries).expect("apply");
+
+            let mut overlay = Overlay::new(&mem);
+            let mut want = Vec::new();
+            for entry in &entries {
+                let EntryPayload::Normal(e) = &entry.payload else { unreachable!() };
+                let mut effects = Effects::default();
+                want.push(delayd_core::apply(&mut overlay, e, &mut effects).expect("apply"));
+            }
+            let writes: Vec<_> = overlay.into_writes().collect();
+            mem.apply(writes);
+            assert_eq!(replies, want, "the answers of batch {batch}");
+
+            let stored = state_of(&sm);
+            let expected: Dump =
+                mem.iter().map(|(cf, k, v)| (cf, k.to_vec(), v.to_vec())).collect();
+            assert_eq!(stored, expected, "the state after batch {batch}");
+        }
+        let c = lock(&sm.shared.apply_cache);
+        let (jobs, meta) = (Cf::Jobs.index(), Cf::Meta.index());
+        assert!(c.hits[jobs] > 50 && c.hits[meta] > 500, "the cache was used: {:?}", c.hits);
     }
 
     #[tokio::test]

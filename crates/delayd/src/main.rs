@@ -168,14 +168,17 @@ async fn run(settings: Settings, config_file: Option<PathBuf>) -> anyhow::Result
 fn init_logging(settings: &Settings) -> anyhow::Result<()> {
     let (targets, env) = log_filter(settings.log_level.as_deref().unwrap_or("info"))?;
     let logs = tracing_subscriber::registry().with(targets).with(env).with(Repeats::default());
+    // To stderr, as documented (fmt's own default is stdout), so that stdout carries only
+    // what a command prints, and whether stderr is a terminal decides the colours.
+    let layer = fmt::layer().with_writer(std::io::stderr);
     if settings.log_json == Some(true) {
-        logs.with(fmt::layer().json().with_current_span(true)).init();
+        logs.with(layer.json().with_current_span(true)).init();
     } else {
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if ansi {
-            logs.with(fmt::layer().with_ansi(true)).init();
+            logs.with(layer.with_ansi(true)).init();
         } else {
-            logs.with(fmt::layer().with_ansi(false).fmt_fields(PlainFields)).init();
+            logs.with(layer.with_ansi(false).fmt_fields(PlainFields)).init();
         }
     }
     Ok(())
