@@ -10,24 +10,28 @@
 //!   a record goes to the slot its id's low bits name, replacing whatever was there, so
 //!   keeping one costs no search and no allocation (the slot takes the value the write batch
 //!   has just copied, which apply would otherwise drop) and the table never holds more than
-//!   [`JOB_SLOTS`] records. Ids are random in their low bits, so a round trip's worth of
-//!   writes (a few hundred records at the rates one node sustains) rarely displace each
-//!   other;
+//!   [`JOB_SLOTS`] records of at most [`MAX_VALUE`] bytes. Ids are random in their low bits,
+//!   so of the records written in one round trip each is displaced by the others with a
+//!   chance of about one in four at 300 writes (1 − (1023/1024)³⁰⁰), one in ten at 100;
 //! - **the small, hot keys**: a queue's ready floor, read by every job that becomes ready
 //!   (each publish of a ready job, each job a tick fires), the sequence and number counters
 //!   and the replicated clock, read once per batch, a queue's metadata once per entry, the
-//!   due-time histogram's minute once per delayed publish. Of these column families
-//!   ([`Cf::Meta`], [`Cf::Queues`], [`Cf::DueHist`]) the table keeps what apply *read*, up to
-//!   [`MAX_KEPT`] keys, and the writes to a key it keeps; a publish's number-index key, written
-//!   once and never read by apply, is not kept.
+//!   due-time histogram's count of a queue's minute once per batch that publishes into it.
+//!   Of these column families ([`Cf::Meta`], [`Cf::Queues`], [`Cf::DueHist`]) the table keeps
+//!   what apply *read*, up to [`MAX_KEPT`] keys, and the writes to a key it keeps; a
+//!   publish's number-index key, written once and never read by apply, is not kept. Delays
+//!   spread over more than [`MAX_KEPT`] queue-minutes start the table again empty often, and
+//!   then it saves less: it never changes an answer.
 //!
 //! A record displaced, or never read, is read from RocksDB as before. The one rule that keeps
 //! the table right: it holds a value for a key only while that is what the live database
 //! holds under the key. Apply is the only writer of the state machine's column families
 //! besides a snapshot install: every write apply makes passes through [`ApplyCache::wrote`]
-//! once it is in the database, and an install clears the table before it touches them. Only
-//! apply's view of the live database reads it ([`ApplyView`]): a reader's consistent view (a
-//! snapshot of the database) must not see a later write, and goes to RocksDB.
+//! once it is in the database (a failed write clears the table), and an install clears the
+//! table before it touches them. openraft calls apply and install one at a time, so no apply
+//! reads the table while an install replaces the state. Only apply's view of the live
+//! database reads it ([`ApplyView`]): a reader's consistent view (a snapshot of the
+//! database) must not see a later write, and goes to RocksDB.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -43,6 +47,11 @@ use crate::state::lock;
 /// written in the last two generations (8 MiB) was priced on 2026-12-01 and cost more than it
 /// saved on cores the three nodes and the load generator share.
 pub(crate) const JOB_SLOTS: usize = 1024;
+
+/// Largest value kept, a job record with a body of some 4 KiB: the table's memory stays
+/// within [`JOB_SLOTS`] × this (4 MiB) whatever the bodies, and a larger record, read once by
+/// an ack, is not worth a copy. A larger value is forgotten instead.
+pub(crate) const MAX_VALUE: usize = 4096;
 
 /// Most keys of the small column families kept. A few per queue are hot; past this many the
 /// table starts again empty, so a node with thousands of busy queues only reads RocksDB
@@ -75,6 +84,8 @@ pub(crate) struct ApplyCache {
     /// Per column family, indexed like [`Cf::ALL`]; only [`read_through`] ones are used.
     kept: [Kept; Cf::ALL.len()],
     kept_len: usize,
+    /// [`MAX_KEPT`], but for tests.
+    max_kept: usize,
     /// Per column family, reads answered from the table and reads it sent to the database:
     /// for tests and for pricing its size.
     pub(crate) hits: [u64; Cf::ALL.len()],
@@ -87,6 +98,7 @@ impl Default for ApplyCache {
             jobs: vec![None; JOB_SLOTS].into_boxed_slice(),
             kept: Default::default(),
             kept_len: 0,
+            max_kept: MAX_KEPT,
             hits: [0; Cf::ALL.len()],
             misses: [0; Cf::ALL.len()],
         }
@@ -96,6 +108,29 @@ impl Default for ApplyCache {
 /// The slot of a job record's key, by the id's low bits (a ULID's random part).
 fn slot_of(key: &JobKey) -> usize {
     usize::from(u16::from_be_bytes([key[14], key[15]])) % JOB_SLOTS
+}
+
+/// What one applied batch did to a key, for [`ApplyCache::wrote`].
+pub(crate) enum Change {
+    /// The key now holds this value.
+    Put(Vec<u8>),
+    /// The key was deleted.
+    Delete,
+    /// The key was written with a value the table does not keep: whatever it held for the
+    /// key is out of date.
+    Forget,
+}
+
+impl Change {
+    /// The change a batch's write makes (`value` the value written, `None` a delete), with the
+    /// value kept only if `keep` and it is small enough.
+    pub(crate) fn of(value: Option<Vec<u8>>, keep: bool) -> Change {
+        match value {
+            None => Change::Delete,
+            Some(v) if keep && v.len() <= MAX_VALUE => Change::Put(v),
+            Some(_) => Change::Forget,
+        }
+    }
 }
 
 impl ApplyCache {
@@ -124,7 +159,7 @@ impl ApplyCache {
         if !read_through(cf) || (cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX)) {
             return;
         }
-        if self.kept_len >= MAX_KEPT {
+        if self.kept_len >= self.max_kept {
             self.kept.iter_mut().for_each(HashMap::clear);
             self.kept_len = 0;
         }
@@ -133,25 +168,48 @@ impl ApplyCache {
         }
     }
 
-    /// Records what one applied batch wrote to `cf` under `key`, once the batch is in the
-    /// database: `value` is what was written, `None` a delete.
-    pub(crate) fn wrote(&mut self, cf: Cf, key: &[u8], value: Option<Vec<u8>>) {
+    /// Records what one applied batch did to `key` in `cf`, once the batch is in the database.
+    pub(crate) fn wrote(&mut self, cf: Cf, key: &[u8], change: Change) {
         if cf == Cf::Jobs {
             let Ok(key) = JobKey::try_from(key) else { return };
             let slot = &mut self.jobs[slot_of(&key)];
-            match value {
-                Some(value) => *slot = Some((key, value)),
-                // A delete clears only its own key's record: another record in the slot is
-                // still what the database holds.
-                None => {
+            match change {
+                Change::Put(value) => *slot = Some((key, value)),
+                // Only this key's record is out of date: another record in the slot is still
+                // what the database holds.
+                Change::Delete | Change::Forget => {
                     if slot.as_ref().is_some_and(|(k, _)| *k == key) {
                         *slot = None;
                     }
                 }
             }
-        } else if let Some(kept) = self.kept[cf.index()].get_mut(key) {
-            *kept = value;
+            return;
         }
+        let kept = &mut self.kept[cf.index()];
+        match change {
+            Change::Put(value) => {
+                if let Some(held) = kept.get_mut(key) {
+                    *held = Some(value);
+                }
+            }
+            Change::Delete => {
+                if let Some(held) = kept.get_mut(key) {
+                    *held = None;
+                }
+            }
+            Change::Forget => {
+                if kept.remove(key).is_some() {
+                    self.kept_len -= 1;
+                }
+            }
+        }
+    }
+
+    /// A table that keeps at most `max_kept` small keys, for tests of a table that starts
+    /// again often.
+    #[cfg(test)]
+    pub(crate) fn keeping(max_kept: usize) -> ApplyCache {
+        ApplyCache { max_kept, ..ApplyCache::default() }
     }
 
     /// Forgets everything: the state machine's data is about to be replaced.
@@ -200,13 +258,13 @@ mod tests {
     }
 
     #[test]
-    fn a_job_record_is_held_until_a_write_or_delete_of_its_slot_replaces_it() {
+    fn a_job_record_is_held_until_its_delete_or_another_record_of_its_slot_replaces_it() {
         let mut c = ApplyCache::default();
         let (a, b) = (job(7), job(7 + JOB_SLOTS as u128));
         assert_eq!(slot_of(&a), slot_of(&b), "the test needs two keys of one slot");
         let one = Some(b"one".to_vec());
 
-        c.wrote(Cf::Jobs, &a, one.clone());
+        c.wrote(Cf::Jobs, &a, Change::of(one.clone(), true));
         assert_eq!(c.get(Cf::Jobs, &a), Some(one.clone()));
         // A read of a job record from the database is not kept: the table holds only
         // what apply wrote.
@@ -215,42 +273,55 @@ mod tests {
         assert_eq!(c.get(Cf::Jobs, &a), Some(one.clone()));
 
         // A delete of another key of the slot leaves the record; its own delete clears it.
-        c.wrote(Cf::Jobs, &b, None);
+        c.wrote(Cf::Jobs, &b, Change::Delete);
         assert_eq!(c.get(Cf::Jobs, &a), Some(one));
-        c.wrote(Cf::Jobs, &a, None);
+        c.wrote(Cf::Jobs, &a, Change::Delete);
         assert_eq!(c.get(Cf::Jobs, &a), None);
 
         // A write of another key of the slot displaces it.
-        c.wrote(Cf::Jobs, &a, Some(b"two".to_vec()));
-        c.wrote(Cf::Jobs, &b, Some(b"three".to_vec()));
+        c.wrote(Cf::Jobs, &a, Change::Put(b"two".to_vec()));
+        c.wrote(Cf::Jobs, &b, Change::Put(b"three".to_vec()));
         assert_eq!(c.get(Cf::Jobs, &a), None);
         assert_eq!(c.get(Cf::Jobs, &b), Some(Some(b"three".to_vec())));
 
+        // A record too large to keep, or a batch that keeps none, makes the slot forget its
+        // key's older record.
+        c.wrote(Cf::Jobs, &b, Change::of(Some(vec![0; MAX_VALUE + 1]), true));
+        assert_eq!(c.get(Cf::Jobs, &b), None);
+        c.wrote(Cf::Jobs, &b, Change::Put(b"four".to_vec()));
+        c.wrote(Cf::Jobs, &b, Change::of(Some(b"five".to_vec()), false));
+        assert_eq!(c.get(Cf::Jobs, &b), None);
+
+        c.wrote(Cf::Jobs, &b, Change::Put(b"six".to_vec()));
         c.clear();
         assert_eq!(c.get(Cf::Jobs, &b), None);
         let jobs = Cf::Jobs.index();
-        assert_eq!((c.hits[jobs], c.misses[jobs]), (4, 4));
+        assert_eq!((c.hits[jobs], c.misses[jobs]), (4, 6));
     }
 
     #[test]
     fn a_small_key_is_kept_once_read_and_follows_every_write() {
         let mut c = ApplyCache::default();
         // Not read yet: its writes are not kept.
-        c.wrote(Cf::Meta, b"floor/ready/q", Some(b"k1".to_vec()));
+        c.wrote(Cf::Meta, b"floor/ready/q", Change::Put(b"k1".to_vec()));
         assert_eq!(c.get(Cf::Meta, b"floor/ready/q"), None);
 
         c.read(Cf::Meta, b"floor/ready/q", &Some(b"k1".to_vec()));
         assert_eq!(c.get(Cf::Meta, b"floor/ready/q"), Some(Some(b"k1".to_vec())));
-        c.wrote(Cf::Meta, b"floor/ready/q", Some(b"k2".to_vec()));
+        c.wrote(Cf::Meta, b"floor/ready/q", Change::Put(b"k2".to_vec()));
         assert_eq!(c.get(Cf::Meta, b"floor/ready/q"), Some(Some(b"k2".to_vec())));
-        c.wrote(Cf::Meta, b"floor/ready/q", None);
+        c.wrote(Cf::Meta, b"floor/ready/q", Change::Delete);
         assert_eq!(c.get(Cf::Meta, b"floor/ready/q"), Some(None), "known absent");
 
         // Absent when read is kept as absent, until written.
         c.read(Cf::Queues, b"q", &None);
         assert_eq!(c.get(Cf::Queues, b"q"), Some(None));
-        c.wrote(Cf::Queues, b"q", Some(b"meta".to_vec()));
+        c.wrote(Cf::Queues, b"q", Change::Put(b"meta".to_vec()));
         assert_eq!(c.get(Cf::Queues, b"q"), Some(Some(b"meta".to_vec())));
+        // Forgotten (written with a value not kept), it is read from the database again.
+        c.wrote(Cf::Queues, b"q", Change::Forget);
+        assert_eq!(c.get(Cf::Queues, b"q"), None);
+        assert_eq!(c.kept_len, 1, "the floor is still kept");
         // The same bytes in another column family are another key.
         assert_eq!(c.get(Cf::DueHist, b"q"), None);
 
