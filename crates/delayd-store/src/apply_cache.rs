@@ -33,7 +33,7 @@
 //! database reads it ([`ApplyView`]): a reader's consistent view (a snapshot of the
 //! database) must not see a later write, and goes to RocksDB.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use delayd_core::{Cf, KvError, KvRead};
@@ -65,8 +65,11 @@ type JobKey = [u8; 16];
 type JobSlot = Option<(JobKey, Vec<u8>)>;
 
 /// The kept keys of one column family: each key's value, `None` for a key the database does
-/// not hold.
-type Kept = HashMap<Box<[u8]>, Option<Vec<u8>>>;
+/// not hold. Ordered rather than hashed: a lookup among the few hot keys of a node is a
+/// handful of short comparisons, cheaper than hashing the key (most lookups are of written
+/// keys that are not kept, such as every publish's number-index key), and no key a client
+/// chooses can make it slower than a search among [`MAX_KEPT`] keys.
+type Kept = BTreeMap<Box<[u8]>, Option<Vec<u8>>>;
 
 /// Whether apply's point reads of `cf` are kept (see the module docs).
 fn read_through(cf: Cf) -> bool {
@@ -160,7 +163,7 @@ impl ApplyCache {
             return;
         }
         if self.kept_len >= self.max_kept {
-            self.kept.iter_mut().for_each(HashMap::clear);
+            self.kept.iter_mut().for_each(BTreeMap::clear);
             self.kept_len = 0;
         }
         if self.kept[cf.index()].insert(key.into(), value.clone()).is_none() {
@@ -215,7 +218,7 @@ impl ApplyCache {
     /// Forgets everything: the state machine's data is about to be replaced.
     pub(crate) fn clear(&mut self) {
         self.jobs.iter_mut().for_each(|s| *s = None);
-        self.kept.iter_mut().for_each(HashMap::clear);
+        self.kept.iter_mut().for_each(BTreeMap::clear);
         self.kept_len = 0;
     }
 }

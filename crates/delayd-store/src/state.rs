@@ -216,7 +216,7 @@ impl Shared {
         // than serving makes (a replay at start, up to APPLY_FLUSH_BYTES) keeps no values, so
         // that it never holds a second copy of them until its write.
         let keep = overlay.buffered_bytes() <= KEEP_WRITES_BYTES;
-        let mut followed = Vec::new();
+        let mut followed = Vec::with_capacity(overlay.len());
         for (cf, key, value) in overlay.into_writes() {
             if cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX) {
                 return Err(StoreError::Corrupt(format!(
