@@ -86,12 +86,12 @@ pub(crate) struct ApplyCache {
     jobs: Box<[JobSlot]>,
     /// Per column family, indexed like [`Cf::ALL`]; only [`read_through`] ones are used.
     kept: [Kept; Cf::ALL.len()],
-    kept_len: usize,
     /// [`MAX_KEPT`], but for tests.
     max_kept: usize,
-    /// Per column family, reads answered from the table and reads it sent to the database:
-    /// for tests and for pricing its size.
+    /// Per column family, reads answered from the table and reads it sent to the database.
+    #[cfg(test)]
     pub(crate) hits: [u64; Cf::ALL.len()],
+    #[cfg(test)]
     pub(crate) misses: [u64; Cf::ALL.len()],
 }
 
@@ -100,9 +100,10 @@ impl Default for ApplyCache {
         ApplyCache {
             jobs: vec![None; JOB_SLOTS].into_boxed_slice(),
             kept: Default::default(),
-            kept_len: 0,
             max_kept: MAX_KEPT,
+            #[cfg(test)]
             hits: [0; Cf::ALL.len()],
+            #[cfg(test)]
             misses: [0; Cf::ALL.len()],
         }
     }
@@ -149,6 +150,7 @@ impl ApplyCache {
         } else {
             self.kept[cf.index()].get(key).cloned()
         };
+        #[cfg(test)]
         match held {
             Some(_) => self.hits[cf.index()] += 1,
             None => self.misses[cf.index()] += 1,
@@ -162,13 +164,15 @@ impl ApplyCache {
         if !read_through(cf) || (cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX)) {
             return;
         }
-        if self.kept_len >= self.max_kept {
+        if self.kept_len() >= self.max_kept {
             self.kept.iter_mut().for_each(BTreeMap::clear);
-            self.kept_len = 0;
         }
-        if self.kept[cf.index()].insert(key.into(), value.clone()).is_none() {
-            self.kept_len += 1;
-        }
+        self.kept[cf.index()].insert(key.into(), value.clone());
+    }
+
+    /// How many small keys are kept.
+    fn kept_len(&self) -> usize {
+        self.kept.iter().map(BTreeMap::len).sum()
     }
 
     /// Records what one applied batch did to `key` in `cf`, once the batch is in the database.
@@ -201,9 +205,7 @@ impl ApplyCache {
                 }
             }
             Change::Forget => {
-                if kept.remove(key).is_some() {
-                    self.kept_len -= 1;
-                }
+                kept.remove(key);
             }
         }
     }
@@ -219,7 +221,6 @@ impl ApplyCache {
     pub(crate) fn clear(&mut self) {
         self.jobs.iter_mut().for_each(|s| *s = None);
         self.kept.iter_mut().for_each(BTreeMap::clear);
-        self.kept_len = 0;
     }
 }
 
@@ -232,6 +233,9 @@ pub(crate) struct ApplyView<'a> {
 
 impl KvRead for ApplyView<'_> {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        if !follows(cf) {
+            return self.live.get(cf, key);
+        }
         let mut cache = lock(self.cache);
         if let Some(held) = cache.get(cf, key) {
             return Ok(held);
@@ -324,7 +328,7 @@ mod tests {
         // Forgotten (written with a value not kept), it is read from the database again.
         c.wrote(Cf::Queues, b"q", Change::Forget);
         assert_eq!(c.get(Cf::Queues, b"q"), None);
-        assert_eq!(c.kept_len, 1, "the floor is still kept");
+        assert_eq!(c.kept_len(), 1, "the floor is still kept");
         // The same bytes in another column family are another key.
         assert_eq!(c.get(Cf::DueHist, b"q"), None);
 
@@ -341,11 +345,11 @@ mod tests {
         for i in 0..MAX_KEPT {
             c.read(Cf::DueHist, &i.to_be_bytes(), &Some(Vec::new()));
         }
-        assert_eq!(c.kept_len, MAX_KEPT);
+        assert_eq!(c.kept_len(), MAX_KEPT);
         assert!(c.get(Cf::DueHist, &0usize.to_be_bytes()).is_some());
         // One more starts the table again empty.
         c.read(Cf::Meta, b"clock", &Some(b"1".to_vec()));
-        assert_eq!(c.kept_len, 1);
+        assert_eq!(c.kept_len(), 1);
         assert_eq!(c.get(Cf::DueHist, &0usize.to_be_bytes()), None);
         assert_eq!(c.get(Cf::Meta, b"clock"), Some(Some(b"1".to_vec())));
     }
