@@ -39,7 +39,8 @@ pub const NUMBER_PREFIX: &[u8] = b"number/";
 
 /// Meta key of a job number in the number index; the value is [`numbered`].
 pub fn number(n: u64) -> Vec<u8> {
-    let mut k = NUMBER_PREFIX.to_vec();
+    let mut k = Vec::with_capacity(NUMBER_PREFIX.len() + 8);
+    k.extend_from_slice(NUMBER_PREFIX);
     k.extend_from_slice(&n.to_be_bytes());
     k
 }
@@ -71,8 +72,14 @@ pub const META_TIMERS_FLOOR: &[u8] = b"floor/timers";
 /// an insert below the floor lowers it. The floor is replicated state like any other, so
 /// every node scans the same way.
 pub fn floor(q: &QueueName) -> Vec<u8> {
-    let mut k = b"floor/ready/".to_vec();
-    k.extend(queue(q));
+    prefixed_queue(b"floor/ready/", q)
+}
+
+/// `prefix`, then the queue's prefix ([`queue`]), in one allocation.
+fn prefixed_queue(prefix: &[u8], q: &QueueName) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + 2 + q.namespace.len() + q.queue.len());
+    k.extend_from_slice(prefix);
+    push_queue(&mut k, q);
     k
 }
 
@@ -93,9 +100,7 @@ pub const WEBHOOK_PREFIX: &[u8] = b"webhook/";
 
 /// Meta key of a queue's webhook.
 pub fn webhook(q: &QueueName) -> Vec<u8> {
-    let mut k = WEBHOOK_PREFIX.to_vec();
-    k.extend(queue(q));
-    k
+    prefixed_queue(WEBHOOK_PREFIX, q)
 }
 
 /// Prefix of the schedules in the Meta column family: `schedule/{queue}{name}`.
@@ -172,12 +177,19 @@ pub struct KeyRecord {
 
 /// The queue prefix shared by every per-queue index.
 pub fn queue(q: &QueueName) -> Vec<u8> {
+    // Room for the longest suffix an index adds (a ready key's priority, sequence and id), so
+    // that building any per-queue key allocates once.
     let mut k = Vec::with_capacity(2 + q.namespace.len() + q.queue.len() + 28);
+    push_queue(&mut k, q);
+    k
+}
+
+/// Appends the queue's prefix ([`queue`]) to `k`.
+fn push_queue(k: &mut Vec<u8>, q: &QueueName) {
     k.push(q.namespace.len() as u8);
     k.extend_from_slice(q.namespace.as_bytes());
     k.push(q.queue.len() as u8);
     k.extend_from_slice(q.queue.as_bytes());
-    k
 }
 
 /// Splits a per-queue key into its queue and the rest.
@@ -284,6 +296,17 @@ mod tests {
         assert!(timer(5, TimerKind::Due, id) < timer(6, TimerKind::Expire, id));
         assert!(timer(5, TimerKind::Expire, id) < timer(5, TimerKind::Due, id));
         assert_eq!(parse_timer(&timer(9, TimerKind::Lease, id)), Some((9, TimerKind::Lease, id)));
+    }
+
+    #[test]
+    fn prefixed_keys_are_their_prefix_then_the_queue() {
+        // Stored keys: built in one allocation, they must stay byte for byte what they were.
+        let q = QueueName::new("orders", "emails");
+        assert_eq!(floor(&q), [b"floor/ready/".as_slice(), &queue(&q)].concat());
+        assert_eq!(webhook(&q), [WEBHOOK_PREFIX, &queue(&q)].concat());
+        assert_eq!(queue(&q), [&[6u8][..], b"orders", &[6], b"emails"].concat());
+        let n = 0x0102_0304_0506_0708;
+        assert_eq!(number(n), [NUMBER_PREFIX, &n.to_be_bytes()].concat());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::codec::{decode, decode_job, encode};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
-use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_SEQ};
+use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_NUMBER, META_SEQ};
 use crate::kv::{Cf, KvError, KvRead, Overlay};
 use crate::limits::{MAX_JOBS_PER_COMMAND, MAX_RESERVE_BYTES, MAX_WORK_BYTES_PER_COMMAND};
 use crate::model::{
@@ -167,9 +167,12 @@ pub fn apply<R: KvRead + ?Sized>(
         ahead: Vec::new(),
         demand_left: demand,
         metas: BTreeMap::new(),
+        seq: None,
+        number: None,
     };
     let outcomes = entry.commands.iter().map(|c| tx.command(c)).collect::<Result<_, _>>()?;
     tx.write_metas();
+    tx.write_counters();
     Ok(outcomes)
 }
 
@@ -192,6 +195,23 @@ fn read_u64(kv: &impl KvRead, cf: Cf, key: &[u8]) -> Result<Option<u64>, KvError
         }
         None => Ok(None),
     }
+}
+
+/// The next value of the counter under Meta key `key`, whose last value the entry gave so
+/// far is `last` (`None` until the entry first advances it: then it is read from `kv`).
+fn next_counter<R: KvRead + ?Sized>(
+    kv: &Overlay<'_, R>,
+    last: &mut Option<u64>,
+    key: &[u8],
+) -> Result<u64, KvError> {
+    let n = match *last {
+        Some(n) => n,
+        None => read_u64(kv, Cf::Meta, key)?.unwrap_or(0),
+    }
+    .checked_add(1)
+    .ok_or_else(|| KvError(format!("counter {} is exhausted", String::from_utf8_lossy(key))))?;
+    *last = Some(n);
+    Ok(n)
 }
 
 /// Derives the i-th lease token of a reserve from the leader's seed (splitmix64): distinct per
@@ -248,6 +268,13 @@ struct Tx<'t, 'a, R: KvRead + ?Sized> {
     /// written back once when the entry is done ([`Tx::write_metas`]); nothing else reads or
     /// writes the column family during an entry. A map: a tick may touch a queue per job.
     metas: BTreeMap<QueueName, (QueueMeta, bool)>,
+    /// The last ready/dead-letter sequence number the entry gave, once it gave one: read on
+    /// first use and written back once when the entry is done ([`Tx::write_counters`]), like
+    /// `metas`. Every publish took a number (and a ready one a sequence number too) with a
+    /// read and a write of the overlay's largest map, the `Meta` writes of the entry's jobs.
+    seq: Option<u64>,
+    /// The last job number the entry gave, once it gave one (see `seq`).
+    number: Option<u64>,
 }
 
 type Result2<T> = Result<Result<T, Rejection>, KvError>;
@@ -1095,7 +1122,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
         }
         self.count(&q, job.state, 1)?;
         if job.number == 0 {
-            job.number = self.next_counter(keys::META_NUMBER)?;
+            job.number = self.next_number()?;
             self.kv.put(Cf::Meta, keys::number(job.number), keys::numbered(job.id, &q));
         }
         self.kv.put(Cf::Jobs, job.id.to_bytes().to_vec(), encode(&*job));
@@ -1118,14 +1145,20 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
     }
 
     fn next_seq(&mut self) -> Result<u64, KvError> {
-        self.next_counter(META_SEQ)
+        next_counter(self.kv, &mut self.seq, META_SEQ)
     }
 
-    /// Increments the counter stored under Meta key `key` and returns its new value.
-    fn next_counter(&mut self, key: &[u8]) -> Result<u64, KvError> {
-        let n = read_u64(self.kv, Cf::Meta, key)?.unwrap_or(0) + 1;
-        self.kv.put(Cf::Meta, key.to_vec(), n.to_be_bytes().to_vec());
-        Ok(n)
+    fn next_number(&mut self) -> Result<u64, KvError> {
+        next_counter(self.kv, &mut self.number, META_NUMBER)
+    }
+
+    /// Writes the counters the entry advanced into the overlay.
+    fn write_counters(&mut self) {
+        for (key, last) in [(META_SEQ, self.seq.take()), (META_NUMBER, self.number.take())] {
+            if let Some(n) = last {
+                self.kv.put(Cf::Meta, key.to_vec(), n.to_be_bytes().to_vec());
+            }
+        }
     }
 
     fn load(&self, id: JobId) -> Result<Option<Job>, KvError> {
@@ -1554,6 +1587,47 @@ mod tests {
         assert_eq!(replies, replies_apart);
         assert_eq!(together.iter().collect::<Vec<_>>(), apart.iter().collect::<Vec<_>>());
         (together, replies)
+    }
+
+    #[test]
+    fn counters_an_entry_advances_are_stored_once_as_if_applied_command_by_command() {
+        let q = QueueName::new("ns", "q");
+        let publish = |id, delay| Command::Publish { queue: q.clone(), job: new_job(id, delay) };
+        let mut kv = MemKv::default();
+        run(&mut kv, 1000, vec![publish(1, 0), publish(2, 0)]);
+        // Numbers for three new jobs; sequence numbers for the two of them that are ready at
+        // once and for the job a reserve hands out and the release puts back in line.
+        let commands = vec![
+            publish(10, 0),
+            publish(11, 60_000),
+            reserve(&q, 1),
+            Command::Release {
+                queue: q.clone(),
+                id: JobId(1),
+                lease: None,
+                delay_ms: 0,
+                priority: None,
+            },
+            publish(12, 0),
+        ];
+        let (mut kv, replies) = grouped_and_apart(&kv, commands);
+        let numbers: Vec<u64> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Ok(Reply::Published { number, .. }) => Some(*number),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(numbers, [3, 4, 5]);
+        assert_eq!(read_u64(&kv, Cf::Meta, META_NUMBER).expect("read"), Some(5));
+        // Jobs 1 and 2 took 1 and 2; then 10, the released 1 and 12.
+        assert_eq!(read_u64(&kv, Cf::Meta, META_SEQ).expect("read"), Some(5));
+        // The next entry goes on from the stored counters.
+        run(&mut kv, 3000, vec![publish(13, 0)]);
+        assert_eq!(read_u64(&kv, Cf::Meta, META_NUMBER).expect("read"), Some(6));
+        assert_eq!(read_u64(&kv, Cf::Meta, META_SEQ).expect("read"), Some(6));
+        let job = crate::query::job(&kv, &q, JobId(13)).expect("read");
+        assert_eq!(job.map(|j| (j.number, j.seq)), Some((6, 6)));
     }
 
     fn reserve(queue: &QueueName, count: u32) -> Command {

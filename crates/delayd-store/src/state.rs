@@ -11,7 +11,7 @@ use delayd_core::{codec, Cf, Effects, KvRead, Outcome, Overlay};
 use futures::{Stream, TryStreamExt};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
-use rocksdb::WriteBatch;
+use rocksdb::{ColumnFamily, WriteBatch};
 use tokio::io::AsyncWriteExt;
 
 use crate::apply_cache::{self, ApplyCache, ApplyView, Change};
@@ -53,6 +53,11 @@ const APPLY_FLUSH_BYTES: usize = 64 << 20;
 /// An applied batch of at most this many bytes hands the values it wrote to the apply
 /// cache; a larger one only tells it which keys changed (see `write_applied`).
 const KEEP_WRITES_BYTES: usize = 1 << 20;
+
+/// Bytes of framing RocksDB's write batch adds to each write, at most for apply's keys and
+/// values (a type byte, a column family id and two lengths, as varints), with room for the
+/// batch's header and `last_applied` on the side: what a batch is sized for up front.
+const BATCH_FRAMING_BYTES: usize = 16;
 
 /// Installing a snapshot writes in batches of at most this many records...
 const INSTALL_BATCH_RECORDS: usize = 10_000;
@@ -210,13 +215,19 @@ impl Shared {
         last_applied: Option<LogId>,
         membership: Option<StoredMembership>,
     ) -> Result<(), StoreError> {
-        let mut batch = WriteBatch::default();
+        // Sized once: RocksDB's batch is one growing string, and apply's batches are the
+        // buffered keys and values plus a few bytes of framing per write.
+        let framing = BATCH_FRAMING_BYTES * (overlay.len() + 4);
+        let mut batch = WriteBatch::with_capacity_bytes(overlay.buffered_bytes() + framing);
         // The writes the apply cache follows, for it once they are in the database: the batch
         // copies each value, so the cache takes the one apply would drop. A batch far larger
         // than serving makes (a replay at start, up to APPLY_FLUSH_BYTES) keeps no values, so
         // that it never holds a second copy of them until its write.
         let keep = overlay.buffered_bytes() <= KEEP_WRITES_BYTES;
         let mut followed = Vec::with_capacity(overlay.len());
+        // The writes come one column family after another: its handle is looked up (a search
+        // of RocksDB's map by name) once per column family, not once per write.
+        let mut handle: Option<(Cf, &ColumnFamily)> = None;
         for (cf, key, value) in overlay.into_writes() {
             if cf == Cf::Meta && key.starts_with(SM_RESERVED_PREFIX) {
                 return Err(StoreError::Corrupt(format!(
@@ -224,7 +235,14 @@ impl Shared {
                     String::from_utf8_lossy(&key)
                 )));
             }
-            let handle = db::cf(&self.db, cf.name())?;
+            let handle = match handle {
+                Some((of, h)) if of == cf => h,
+                _ => {
+                    let h = db::cf(&self.db, cf.name())?;
+                    handle = Some((cf, h));
+                    h
+                }
+            };
             match &value {
                 Some(value) => batch.put_cf(handle, &key, value),
                 None => batch.delete_cf(handle, &key),
