@@ -91,14 +91,10 @@ pub(crate) async fn reserve(
             }
             (StatusCode::NOT_FOUND, Json(v)).into_response()
         }
-        [one] if count == 1 => {
-            let answer = render::delivery(one, now, acked);
-            render::json(StatusCode::OK, &answer, answer.json_len())
-        }
+        [one] if count == 1 => render::answers(&[render::delivery(one, now, acked)], false),
         all => {
             let answers: Vec<_> = all.iter().map(|d| render::delivery(d, now, None)).collect();
-            let len = answers.iter().map(|a| a.json_len() + 1).sum::<usize>() + 2;
-            render::json(StatusCode::OK, &answers, len)
+            render::answers(&answers, true)
         }
     };
     if let Some(header) = acked.and_then(|a| HeaderValue::from_str(&a.header()).ok()) {
@@ -108,8 +104,7 @@ pub(crate) async fn reserve(
 }
 
 fn job_answer(s: &Service, job: &Job) -> Response {
-    let answer = render::job(job, s.now_ms());
-    render::json(StatusCode::OK, &answer, answer.json_len())
+    render::answers(&[render::job(job, s.now_ms())], false)
 }
 
 /// `DELETE /api/{ns}/{q}/job/{id}`: acks the job.
