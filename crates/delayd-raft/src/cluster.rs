@@ -196,8 +196,9 @@ impl Cluster {
             ClusterError::Internal(format!("cannot create {}: {e}", config.data_dir.display()))
         })?;
         let dir = config.data_dir.clone();
+        let node = config.node_id;
         let (log, sm) =
-            tokio::task::spawn_blocking(move || Store::open_with_metrics(&dir, store_metrics))
+            tokio::task::spawn_blocking(move || Store::open_for_node(&dir, node, store_metrics))
                 .await
                 .map_err(|e| ClusterError::Internal(e.to_string()))??;
         let reader = sm.reader();

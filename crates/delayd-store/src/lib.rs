@@ -168,19 +168,29 @@ impl Store {
     /// Blocks: call it before starting the node, or from `spawn_blocking`. The database stays
     /// open until both halves and every handle derived from them are dropped.
     pub fn open(data_dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
-        Store::open_with_metrics(data_dir, StoreMetrics::default())
+        Store::open_inner(data_dir, None, StoreMetrics::default())
     }
 
-    /// [`Store::open`], recording into `metrics` (which the caller registers wherever it
-    /// exposes them).
-    pub fn open_with_metrics(
+    /// [`Store::open`] for the node `node`, recording into `metrics` (which the caller
+    /// registers wherever it exposes them). The node's id sets its memtable budget, so that
+    /// the replicas of a cluster do not all flush at the same entry.
+    pub fn open_for_node(
         data_dir: &Path,
+        node: NodeId,
+        metrics: StoreMetrics,
+    ) -> Result<(LogStore, StateMachineStore), StoreError> {
+        Store::open_inner(data_dir, Some(node), metrics)
+    }
+
+    fn open_inner(
+        data_dir: &Path,
+        node: Option<NodeId>,
         metrics: StoreMetrics,
     ) -> Result<(LogStore, StateMachineStore), StoreError> {
         let db_dir = data_dir.join("db");
         std::fs::create_dir_all(&db_dir)
             .map_err(|e| StoreError::io(format!("create {}", db_dir.display()), e))?;
-        let db = Arc::new(db::open(&db_dir)?);
+        let db = Arc::new(db::open(&db_dir, node)?);
         let snapshots = snapshot::SnapshotDir::open(data_dir.join("snapshots"))?;
         let state = StateMachineStore::open(db.clone(), snapshots, metrics.clone())?;
         Ok((LogStore::new(db, metrics)?, state))

@@ -3,7 +3,7 @@
 //! [`StoreMetrics::default`] creates the handles without registering them anywhere, so a
 //! store opened by [`Store::open`](crate::Store::open) (its tests, tools) records into handles
 //! nobody reads; the server opens the store with
-//! [`Store::open_with_metrics`](crate::Store::open_with_metrics) and registers the same
+//! [`Store::open_for_node`](crate::Store::open_for_node) and registers the same
 //! handles in its node's registry.
 //! Handles are cheap to clone: clones record into the same series.
 

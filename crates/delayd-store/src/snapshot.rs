@@ -478,7 +478,7 @@ mod tests {
     }
 
     fn sample_in(dir: &Path, format: u8) -> Vec<u8> {
-        let db = db::open(&dir.join("db")).expect("open");
+        let db = db::open(&dir.join("db"), None).expect("open");
         let jobs = db::cf(&db, Cf::Jobs.name()).expect("cf");
         db.put_cf(jobs, b"k1", b"v1").expect("put");
         db.put_cf(jobs, b"k2", vec![7u8; 100_000]).expect("put");
