@@ -116,8 +116,7 @@ pub const META_SCHEDULES_FLOOR: &[u8] = b"floor/schedules";
 
 /// Meta key of a schedule.
 pub fn schedule(q: &QueueName, name: &str) -> Vec<u8> {
-    let mut k = SCHEDULE_PREFIX.to_vec();
-    k.extend(queue(q));
+    let mut k = prefixed_queue(SCHEDULE_PREFIX, q);
     k.extend_from_slice(name.as_bytes());
     k
 }
@@ -126,7 +125,7 @@ pub fn schedule(q: &QueueName, name: &str) -> Vec<u8> {
 pub fn schedule_due(at_ms: u64, q: &QueueName, name: &str) -> Vec<u8> {
     let mut k = SCHEDULE_DUE_PREFIX.to_vec();
     k.extend_from_slice(&at_ms.to_be_bytes());
-    k.extend(queue(q));
+    push_queue(&mut k, q);
     k.extend_from_slice(name.as_bytes());
     k
 }
@@ -307,6 +306,9 @@ mod tests {
         assert_eq!(queue(&q), [&[6u8][..], b"orders", &[6], b"emails"].concat());
         let n = 0x0102_0304_0506_0708;
         assert_eq!(number(n), [NUMBER_PREFIX, &n.to_be_bytes()].concat());
+        assert_eq!(schedule(&q, "daily"), [SCHEDULE_PREFIX, &queue(&q), b"daily"].concat());
+        let due = [SCHEDULE_DUE_PREFIX, &n.to_be_bytes(), &queue(&q), b"daily"].concat();
+        assert_eq!(schedule_due(n, &q, "daily"), due);
     }
 
     #[test]

@@ -117,16 +117,20 @@ fn hex(n: u64, text: &mut [u8; 16]) -> &str {
 /// copied on its own; a `Vec` sized once takes them as plain appends.
 pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T, capacity: usize) -> Response {
     let mut text = Vec::with_capacity(capacity);
-    match serde_json::to_writer(&mut text, value) {
+    let written = serde_json::to_writer(&mut text, value);
+    json_response(status, written, text)
+}
+
+/// `text` as a JSON answer with `status` once it was `written` whole; else a 500, as axum's
+/// `Json` answers (a value of ours always serializes).
+fn json_response(status: StatusCode, written: serde_json::Result<()>, text: Vec<u8>) -> Response {
+    match written {
         Ok(()) => {
             let json = HeaderValue::from_static("application/json");
             (status, [(header::CONTENT_TYPE, json)], text).into_response()
         }
-        Err(e) => {
-            // A 500, as axum's `Json` answers; a value of ours always serializes.
-            (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write the answer: {e}"))
-                .into_response()
-        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write the answer: {e}"))
+            .into_response(),
     }
 }
 
@@ -297,7 +301,15 @@ pub(crate) fn delivery<'a>(d: &'a Delivery, now: u64, acked: Option<Acked<'a>>) 
 pub(crate) fn answers(answers: &[JobAnswer<'_>], array: bool) -> Response {
     let len = answers.iter().map(|a| a.json_len() + 1).sum::<usize>() + 2;
     let mut text = Vec::with_capacity(len);
-    let mut written = Ok(());
+    let written = write_answers(answers, array, &mut text);
+    json_response(StatusCode::OK, written, text)
+}
+
+fn write_answers(
+    answers: &[JobAnswer<'_>],
+    array: bool,
+    text: &mut Vec<u8>,
+) -> serde_json::Result<()> {
     if array {
         text.push(b'[');
     }
@@ -305,19 +317,12 @@ pub(crate) fn answers(answers: &[JobAnswer<'_>], array: bool) -> Response {
         if i > 0 {
             text.push(b',');
         }
-        written = written.and_then(|()| answer.write_json(&mut text));
+        answer.write_json(text)?;
     }
     if array {
         text.push(b']');
     }
-    match written {
-        Ok(()) => {
-            let json = HeaderValue::from_static("application/json");
-            (StatusCode::OK, [(header::CONTENT_TYPE, json)], text).into_response()
-        }
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot write the answer: {e}"))
-            .into_response(),
-    }
+    Ok(())
 }
 
 /// A queue's name, pause flag and a count per state.
