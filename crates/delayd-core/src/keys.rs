@@ -77,7 +77,7 @@ pub fn floor(q: &QueueName) -> Vec<u8> {
 
 /// `prefix`, then the queue's prefix ([`queue`]), in one allocation.
 fn prefixed_queue(prefix: &[u8], q: &QueueName) -> Vec<u8> {
-    let mut k = Vec::with_capacity(prefix.len() + 2 + q.namespace.len() + q.queue.len());
+    let mut k = Vec::with_capacity(prefix.len() + queue_len(q));
     k.extend_from_slice(prefix);
     push_queue(&mut k, q);
     k
@@ -178,9 +178,14 @@ pub struct KeyRecord {
 pub fn queue(q: &QueueName) -> Vec<u8> {
     // Room for the longest suffix an index adds (a ready key's priority, sequence and id), so
     // that building any per-queue key allocates once.
-    let mut k = Vec::with_capacity(2 + q.namespace.len() + q.queue.len() + 28);
+    let mut k = Vec::with_capacity(queue_len(q) + 28);
     push_queue(&mut k, q);
     k
+}
+
+/// The length of the queue's prefix ([`queue`]): two length bytes and the two names.
+fn queue_len(q: &QueueName) -> usize {
+    2 + q.namespace.len() + q.queue.len()
 }
 
 /// Appends the queue's prefix ([`queue`]) to `k`.

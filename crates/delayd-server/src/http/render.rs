@@ -60,8 +60,10 @@ pub(crate) struct JobAnswer<'a> {
 /// Appends `bytes` in base64 to `out`, encoded in place.
 fn base64_into(bytes: &[u8], out: &mut Vec<u8>) {
     let engine = &base64::engine::general_purpose::STANDARD;
+    // `None` only for a length near `usize::MAX`, which no body comes near.
+    let Some(len) = base64::encoded_len(bytes.len(), true) else { return };
     let start = out.len();
-    out.resize(start + bytes.len().div_ceil(3) * 4, 0);
+    out.resize(start + len, 0);
     // The room made is exactly the padded encoding's length, so this cannot fail; should it
     // ever, the answer loses the body rather than carrying zeros.
     match engine.encode_slice(bytes, &mut out[start..]) {
@@ -138,9 +140,9 @@ impl JobAnswer<'_> {
     /// Appends the answer's JSON to `out`: the same bytes as its `Serialize` (a test holds
     /// the two to that), written by hand. Through serde_json every key and every string value
     /// went through its escaping scan, about half of a reserve's answer; here the keys are
-    /// literals, the base64 body, id, lease, message and state are written as they are (their
-    /// alphabets need no escapes), and only the client's names, key and attributes are
-    /// escaped.
+    /// literals, the base64 body, id, lease and state are written as they are (their
+    /// alphabets need no escapes), and only the client's names, key and attributes, the
+    /// acks' outcomes and the message (rare: a few fixed texts) go through serde_json.
     pub(crate) fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         let mut numbers = itoa::Buffer::new();
         let mut number = |out: &mut Vec<u8>, n: u64| {
@@ -211,7 +213,7 @@ impl JobAnswer<'_> {
         let attributes: usize =
             self.attributes.map_or(0, |a| a.iter().map(|(k, v)| k.len() + v.len() + 6).sum());
         let key = self.key.map_or(0, str::len);
-        400 + self.data.len().div_ceil(3) * 4
+        400 + base64::encoded_len(self.data.len(), true).unwrap_or(0)
             + key
             + attributes
             + self.namespace.len()
