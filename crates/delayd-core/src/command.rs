@@ -29,6 +29,12 @@ impl Entry {
     pub fn new(now_ms: u64, commands: Vec<Command>) -> Entry {
         Entry { now_ms, commands: commands.into() }
     }
+
+    /// An upper estimate of the entry's encoded size in bytes: its commands'
+    /// [`Command::size_bytes`] and the stamp's and count's varints.
+    pub fn size_bytes(&self) -> usize {
+        20 + self.commands.iter().map(Command::size_bytes).sum::<usize>()
+    }
 }
 
 impl std::fmt::Display for Entry {

@@ -16,7 +16,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::codec::{decode, decode_job, encode};
+use crate::codec::{decode, decode_job, encode, encode_job};
 use crate::command::{Command, Delivery, Due, Entry, NewJob, Outcome, Rejection, Reply, Target};
 use crate::keys::{self, KeyRecord, TimerKind, META_CLOCK, META_NUMBER, META_SEQ};
 use crate::kv::{Cf, KvError, KvRead, Overlay};
@@ -1125,7 +1125,7 @@ impl<R: KvRead + ?Sized> Tx<'_, '_, R> {
             job.number = self.next_number()?;
             self.kv.put(Cf::Meta, keys::number(job.number), keys::numbered(job.id, &q));
         }
-        self.kv.put(Cf::Jobs, job.id.to_bytes().to_vec(), encode(&*job));
+        self.kv.put(Cf::Jobs, job.id.to_bytes().to_vec(), encode_job(job));
         Ok(())
     }
 

@@ -178,4 +178,16 @@ proptest! {
         let encoded = delayd_core::codec::encode(&command).len();
         prop_assert!(encoded <= command.size_bytes(), "{encoded} > {}", command.size_bytes());
     }
+
+    /// An entry's buffer is sized with `Entry::size_bytes` before it is encoded; below the
+    /// encoded size it would grow on the way.
+    #[test]
+    fn an_entry_size_bytes_is_an_upper_bound_too(
+        commands in proptest::collection::vec(prop_oneof![wide_publish(), command()], 0..40),
+        now_ms in any::<u64>(),
+    ) {
+        let entry = delayd_core::Entry::new(now_ms, commands);
+        let encoded = delayd_core::codec::encode(&entry).len();
+        prop_assert!(encoded <= entry.size_bytes(), "{encoded} > {}", entry.size_bytes());
+    }
 }

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use delayd_core::{codec, Command, Effects, Outcome};
 use delayd_store::{
-    NodeId, Raft, ReadView, SnapshotInbox, StateReader, Store, StoreMetrics, TypeConfig,
+    EncodedEntries, NodeId, Raft, ReadView, SnapshotInbox, StateReader, Store, StoreMetrics,
+    TypeConfig,
 };
 use futures::FutureExt;
 use openraft::async_runtime::watch::WatchReceiver;
@@ -66,6 +67,8 @@ struct Inner {
     raft: Raft,
     reader: StateReader,
     inbox: SnapshotInbox,
+    /// The log's stored bytes of its latest entries, for replication both ways.
+    encoded: EncodedEntries,
     proposer: Proposer,
     riders: Arc<Riders>,
     /// Wakes the timer pump to read the timer index again.
@@ -203,6 +206,7 @@ impl Cluster {
                 .map_err(|e| ClusterError::Internal(e.to_string()))??;
         let reader = sm.reader();
         let inbox = sm.inbox();
+        let encoded = log.encoded_entries();
         let identity = Identity::load(log.cluster_ids())?;
         if let Some(id) = identity.get() {
             tracing::info!(cluster_id = %id, "cluster identity");
@@ -212,7 +216,8 @@ impl Cluster {
             .with_filter(config.faults.clone())
             .with_tls(config.tls.clone())
             .with_identity(identity.clone())
-            .with_metrics(replication_metrics.clone());
+            .with_metrics(replication_metrics.clone())
+            .with_log(encoded.clone());
         let raft =
             Raft::new(config.node_id, Arc::new(raft_config(&config)?), network.clone(), log, sm)
                 .await
@@ -273,6 +278,7 @@ impl Cluster {
                 raft,
                 reader,
                 inbox,
+                encoded,
                 proposer,
                 riders,
                 pump: signal,
@@ -309,6 +315,7 @@ impl Cluster {
             peer_certs: self.inner.config.tls.as_ref().is_some_and(|t| t.peer_certs_required()),
             identity: self.inner.identity.clone(),
             stopping: self.inner.shutdown.subscribe(),
+            log: Some(self.inner.encoded.clone()),
         };
         let routes = server::routes(services, extra);
         let stopped = {

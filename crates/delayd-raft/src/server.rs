@@ -33,11 +33,14 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use delayd_core::codec::{decode, encode};
+use delayd_core::codec::{decode, encode, take, VERSION};
+use delayd_core::KvError;
 use delayd_proto::raft::internal_server::{Internal, InternalServer};
 use delayd_proto::raft::raft_server::RaftServer;
 use delayd_proto::raft::{RaftReply, RaftRequest};
-use delayd_store::{Raft, Snapshot, SnapshotInbox, SnapshotMeta, TypeConfig, Vote};
+use delayd_store::{
+    EncodedEntries, LogEntry, LogId, Raft, Snapshot, SnapshotInbox, SnapshotMeta, TypeConfig, Vote,
+};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use openraft::async_runtime::watch::WatchReceiver;
@@ -221,6 +224,9 @@ pub struct Services {
     pub identity: Identity,
     /// Flips to true when the node stops (a dropped sender counts as stopped).
     pub stopping: watch::Receiver<bool>,
+    /// The local log's handle for entries received from the leader, which it stores as they
+    /// came instead of encoding them again; `None` encodes them.
+    pub log: Option<EncodedEntries>,
 }
 
 /// The node's internal services beside `extra` (the owner's own services, if any), ready to
@@ -236,11 +242,12 @@ pub fn routes(services: Services, extra: Option<Routes>) -> Routes {
         peer_certs,
         identity,
         stopping,
+        log,
     } = services;
     let guard = ClusterGuard::new(secret, previous_secrets)
         .requiring_peer_certs(peer_certs)
         .checking_identity(identity, raft.clone());
-    let raft = RaftServer::new(RaftService { raft, inbox, contact, stopping })
+    let raft = RaftServer::new(RaftService { raft, inbox, contact, stopping, log })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let raft = InterceptedService::new(raft, guard.clone());
@@ -296,6 +303,38 @@ struct RaftService {
     inbox: SnapshotInbox,
     contact: LeaderContact,
     stopping: watch::Receiver<bool>,
+    log: Option<EncodedEntries>,
+}
+
+/// Decodes an AppendEntries request as [`decode`] would and, when it was encoded with this
+/// build's version, hands each entry's bytes to `log` for the append that stores the entries
+/// (see [`EncodedEntries::received`]): the request is read in the parts
+/// `encode_append` (in `network`) writes it in.
+fn decode_append(
+    payload: &[u8],
+    log: Option<&EncodedEntries>,
+) -> Result<AppendEntriesRequest<TypeConfig>, KvError> {
+    let Some(log) = log.filter(|_| payload.first() == Some(&VERSION)) else {
+        return decode(payload);
+    };
+    let rest = &payload[1..];
+    let ((vote, prev_log_id), mut rest) = take::<(Vote, Option<LogId>)>(rest)?;
+    let (count, after) = take::<usize>(rest)?;
+    rest = after;
+    // Each entry takes at least a byte: a count beyond them is refused by the reads below,
+    // and must not size the vectors first.
+    let mut entries = Vec::with_capacity(count.min(rest.len()));
+    let mut received = Vec::with_capacity(count.min(rest.len()));
+    for _ in 0..count {
+        let (entry, after) = take::<LogEntry>(rest)?;
+        let bytes = &rest[..rest.len() - after.len()];
+        received.push((entry.log_id, bytes));
+        entries.push(entry);
+        rest = after;
+    }
+    let (leader_commit, _) = take::<Option<LogId>>(rest)?;
+    log.received(received);
+    Ok(AppendEntriesRequest { vote, prev_log_id, entries, leader_commit })
 }
 
 fn decode_request<T: DeserializeOwned>(request: Request<RaftRequest>) -> Result<T, Status> {
@@ -313,7 +352,8 @@ impl delayd_proto::raft::raft_server::Raft for RaftService {
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let rpc = decode_request(request)?;
+        let rpc = decode_append(&request.into_inner().payload, self.log.as_ref())
+            .map_err(|e| Status::invalid_argument(format!("undecodable Raft request: {e}")))?;
         let result = self.raft.append_entries(rpc).await;
         if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
             self.contact.record();
@@ -340,9 +380,10 @@ impl delayd_proto::raft::raft_server::Raft for RaftService {
         let stopped = async move {
             let _ = stopping.wait_for(|s| *s).await;
         };
-        let requests = request.into_inner().take_until(stopped).scan((), |_, message| {
+        let log = self.log.clone();
+        let requests = request.into_inner().take_until(stopped).scan((), move |_, message| {
             let rpc = match message {
-                Ok(message) => match decode::<AppendEntriesRequest<TypeConfig>>(&message.payload) {
+                Ok(message) => match decode_append(&message.payload, log.as_ref()) {
                     Ok(rpc) => Some(rpc),
                     Err(e) => {
                         tracing::warn!(error = %e, "undecodable AppendEntries in a stream");
@@ -435,6 +476,62 @@ mod tests {
     use tonic::Code;
 
     use super::*;
+
+    /// A follower reads a request as `decode` would, and stores each entry with the very
+    /// bytes it came in: the same bytes as encoding it here.
+    #[tokio::test]
+    async fn a_follower_stores_the_entries_it_receives_as_they_came() {
+        use delayd_core::{Command, Entry};
+        use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
+        use openraft::testing::log_id;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut log, _sm) = delayd_store::Store::open(dir.path()).expect("store");
+        let encoded = log.encoded_entries();
+        let entries: Vec<LogEntry> = (1..=4)
+            .map(|i| openraft::Entry {
+                log_id: log_id::<TypeConfig>(3, 1, i),
+                payload: openraft::EntryPayload::Normal(Entry::new(
+                    1_000 + i,
+                    vec![Command::Tick { limit: 7 }; i as usize],
+                )),
+            })
+            .collect();
+        let rpc = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(3, 1),
+            prev_log_id: None,
+            entries: entries.clone(),
+            leader_commit: Some(log_id::<TypeConfig>(3, 1, 2)),
+        };
+        let payload = encode(&rpc);
+        let read = decode_append(&payload, Some(&encoded)).expect("decodes");
+        let whole: AppendEntriesRequest<TypeConfig> = decode(&payload).expect("decodes");
+        assert_eq!(
+            (read.vote, read.prev_log_id, read.leader_commit),
+            (whole.vote, None, whole.leader_commit)
+        );
+        assert_eq!(read.entries, whole.entries);
+
+        log.append(read.entries, IOFlushed::noop()).await.expect("append");
+        for entry in &entries {
+            let stored = encoded.get(&entry.log_id).expect("kept");
+            assert_eq!(*stored, encode(entry), "entry {}", entry.log_id);
+        }
+        // What the log stored reads back as the entries sent (reopened: from the disk, not
+        // from the window of recent entries).
+        drop((log, _sm));
+        let (mut log, _sm) = delayd_store::Store::open(dir.path()).expect("reopen");
+        let back = log.get_log_reader().await.try_get_log_entries(1..5).await.expect("read");
+        assert_eq!(back, entries);
+
+        // A request that claims more entries than it carries is refused, and so is one cut
+        // short; neither leaves anything to store.
+        let mut lying = encode(&AppendEntriesRequest::<TypeConfig> { entries: Vec::new(), ..rpc });
+        let count_at = lying.len() - 1 - encode(&Some(log_id::<TypeConfig>(3, 1, 2)))[1..].len();
+        lying[count_at] = 0x7f;
+        assert!(decode_append(&lying, Some(&encoded)).is_err());
+        assert!(decode_append(&payload[..payload.len() / 2], Some(&encoded)).is_err());
+    }
 
     fn call(guard: &mut ClusterGuard, shown: Option<&str>) -> Result<(), Code> {
         let mut request = Request::new(());

@@ -53,7 +53,9 @@ impl TestNode {
         let (log, sm) = tokio::task::spawn_blocking(move || Store::open(&path)).await??;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
-        let network = GrpcNetwork::new(id, None)?;
+        // Replication through the log's stored bytes, as a node runs it.
+        let encoded = log.encoded_entries();
+        let network = GrpcNetwork::new(id, None)?.with_log(encoded.clone());
         let inbox = sm.inbox();
         let raft = Raft::new(id, Arc::new(raft_config()?), network.clone(), log, sm).await?;
         let (stop, stopping) = watch::channel(false);
@@ -67,6 +69,7 @@ impl TestNode {
             peer_certs: false,
             identity: Default::default(),
             stopping: stopping.clone(),
+            log: Some(encoded),
         };
         let routes = server::routes(services, None);
         let mut stopped = stopping;

@@ -115,7 +115,7 @@ pub use backup::{recover, restore, verify_file, Recovered, Restored, SnapshotSum
 pub use db::{ReadView, StorageSizes};
 pub use error::StoreError;
 pub use identity::ClusterIdStore;
-pub use log::LogStore;
+pub use log::{EncodedEntries, LogStore};
 pub use metrics::StoreMetrics;
 pub use state::{ApplyListener, SnapshotBuilder, SnapshotInbox, StateMachineStore, StateReader};
 
@@ -139,6 +139,21 @@ pub type Raft = openraft::Raft<TypeConfig, StateMachineStore>;
 
 /// One entry of delayd's Raft log.
 pub type LogEntry = openraft::alias::EntryOf<TypeConfig>;
+
+/// An upper estimate of a log entry's encoded size in bytes, for the buffer it is encoded
+/// into (the log's write, a replication request): its log id and payload tag, and the
+/// payload's [`delayd_core::Entry::size_bytes`]. A membership entry, rare and small, is given
+/// a generous kilobyte; should one need more, its buffer grows as any would.
+pub fn log_entry_size_bytes(entry: &LogEntry) -> usize {
+    use openraft::EntryPayload;
+    const LOG_ID_AND_TAG: usize = 32;
+    LOG_ID_AND_TAG
+        + match &entry.payload {
+            EntryPayload::Blank => 0,
+            EntryPayload::Normal(data) => data.size_bytes(),
+            EntryPayload::Membership(_) => 1024,
+        }
+}
 
 /// A position in the log: the leader that proposed the entry, and its index.
 pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
@@ -246,6 +261,34 @@ fn lower_this_threads_priority() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log entry's buffer is sized before it is encoded, for the log and for replication:
+    /// below the encoded size it would grow on the way.
+    #[test]
+    fn a_log_entry_size_estimate_holds_its_encoding() {
+        use openraft::testing::log_id;
+        let nodes = (1..=3)
+            .map(|id| (id, openraft::BasicNode::new(format!("node-{id}.example.internal:7970"))))
+            .collect::<std::collections::BTreeMap<NodeId, _>>();
+        let voters = nodes.keys().copied().collect();
+        let membership = openraft::Membership::new(vec![voters], nodes).expect("membership");
+        let entries = [
+            test_entries::publish_entry(u64::MAX, u64::MAX, vec![7; 5000]),
+            test_entries::cancel_entry(3, 9, u128::MAX),
+            openraft::Entry {
+                log_id: log_id::<TypeConfig>(u64::MAX, u64::MAX, u64::MAX),
+                payload: openraft::EntryPayload::Blank,
+            },
+            openraft::Entry {
+                log_id: log_id::<TypeConfig>(u64::MAX, u64::MAX, u64::MAX),
+                payload: openraft::EntryPayload::Membership(membership),
+            },
+        ];
+        for entry in &entries {
+            let encoded = delayd_core::codec::encode(entry).len();
+            assert!(encoded <= log_entry_size_bytes(entry), "{encoded} bytes: {entry}");
+        }
+    }
 
     /// The nice values of this process's threads named `name`.
     #[cfg(target_os = "linux")]

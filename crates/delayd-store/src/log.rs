@@ -13,7 +13,7 @@ use rocksdb::{ReadOptions, WriteBatch};
 use crate::db::{self, log_key, meta_key, Db, CF_LOG, CF_RAFT_META};
 use crate::error::StoreError;
 use crate::metrics::{since, StoreMetrics};
-use crate::recent::Recent;
+use crate::recent::{Encoded, Recent};
 use crate::{blocking, LogEntry, LogId, TypeConfig, Vote};
 
 /// The Raft log, vote and commit index, in the `raft_log` and `raft_meta` column families.
@@ -33,7 +33,47 @@ pub struct LogStore {
     metrics: StoreMetrics,
 }
 
+/// The bytes the log stored for its most recent entries, for replication requests that carry
+/// them (see [`LogStore::encoded_entries`]).
+#[derive(Clone)]
+pub struct EncodedEntries {
+    recent: Arc<Mutex<Recent>>,
+}
+
+impl EncodedEntries {
+    /// The bytes stored for the entry `log_id` names ([`delayd_core::codec`]'s version byte,
+    /// then the entry's postcard encoding), if it is among the log's most recent entries.
+    /// They are those of that very entry: a truncated entry's index, appended again by a new
+    /// leader, answers for the new entry only.
+    pub fn get(&self, log_id: &LogId) -> Option<Arc<Vec<u8>>> {
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner).encoded(log_id)
+    }
+
+    /// On a follower: entries just received from the leader, each with its postcard
+    /// encoding as it came on the wire. The append that stores them writes these bytes,
+    /// behind the version byte, instead of encoding the entries again. Call it only with
+    /// bytes of the current [`delayd_core::codec::VERSION`]'s encoding (a request whose own
+    /// version byte is that version): stored behind that byte, they must read back as it
+    /// reads.
+    pub fn received<'a>(&self, entries: impl IntoIterator<Item = (LogId, &'a [u8])>) {
+        let stored = entries.into_iter().map(|(log_id, bytes)| {
+            let mut value = Vec::with_capacity(bytes.len() + 1);
+            value.push(codec::VERSION);
+            value.extend_from_slice(bytes);
+            (log_id, Arc::new(value))
+        });
+        let stored: Vec<_> = stored.collect();
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner).received(stored);
+    }
+}
+
 impl LogStore {
+    /// What the log stored for its most recent entries, as they are appended: a leader's
+    /// replication requests copy these instead of encoding each entry again per follower.
+    pub fn encoded_entries(&self) -> EncodedEntries {
+        EncodedEntries { recent: self.recent.clone() }
+    }
+
     /// The handle on this node's cluster identity (kept beside the log).
     pub fn cluster_ids(&self) -> crate::ClusterIdStore {
         crate::ClusterIdStore::new(self.db.clone())
@@ -200,13 +240,26 @@ fn put_meta_synced(db: &Db, key: &[u8], value: Vec<u8>) -> Result<(), StoreError
 }
 
 /// Writes entries to the WAL and memtable without syncing; the [`Syncer`] makes them durable.
-fn append_entries(db: &Db, entries: &[LogEntry]) -> Result<(), StoreError> {
+/// `encoded` holds, for each entry, the bytes to store if they are known already (a follower's
+/// received entries), else `None`: the entry is encoded here. Returns the bytes written for
+/// each entry.
+fn append_entries(
+    db: &Db,
+    entries: &[LogEntry],
+    encoded: Vec<Option<Encoded>>,
+) -> Result<Vec<Encoded>, StoreError> {
     let cf = db::cf(db, CF_LOG)?;
     let mut batch = WriteBatch::default();
-    for entry in entries {
-        batch.put_cf(cf, log_key(entry.log_id.index), codec::encode(entry));
+    let mut written = Vec::with_capacity(entries.len());
+    for (entry, known) in entries.iter().zip(encoded) {
+        let value = known.unwrap_or_else(|| {
+            Arc::new(codec::encode_sized(entry, crate::log_entry_size_bytes(entry)))
+        });
+        batch.put_cf(cf, log_key(entry.log_id.index), value.as_slice());
+        written.push(value);
     }
-    Ok(db.write(batch)?)
+    db.write(batch)?;
+    Ok(written)
 }
 
 /// Deletes every entry at or after `index`.
@@ -323,10 +376,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<LogEntry> = entries.into_iter().collect();
         // Inline: an unsynced write goes to the memtable and the WAL's page cache in
         // microseconds (the fsync is the syncer's); a hop to the blocking pool would cost more.
-        append_entries(&self.db, &entries).map_err(std::io::Error::from)?;
+        let known = {
+            let mut recent = self.recent();
+            entries.iter().map(|e| recent.take_received(&e.log_id)).collect()
+        };
+        let written = append_entries(&self.db, &entries, known).map_err(std::io::Error::from)?;
         // Readable from the window at once, like from RocksDB: replication sends entries
         // before they are durable, and only a quorum's durability commits them.
-        self.recent().appended(entries);
+        self.recent().appended(entries.into_iter().zip(written));
         // Written but not yet synced: the syncer completes the callback once it is on disk,
         // and only then may openraft count it towards a quorum.
         self.syncer.syncer.submit(appended, callback);
