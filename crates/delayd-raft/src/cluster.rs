@@ -523,6 +523,30 @@ impl Cluster {
         }
     }
 
+    /// Proposes `commands` atomically, for a caller that does not need their outcomes (it
+    /// answers the same whatever they are): on the leader, returns as soon as their entry is
+    /// committed, without waiting for it to be applied ([`Proposer::propose_committed`]);
+    /// elsewhere, or should this node lose the lead meanwhile, as [`Cluster::propose`] does.
+    pub async fn propose_committed(&self, commands: Vec<Command>) -> Result<(), ClusterError> {
+        let me = self.inner.config.node_id;
+        if self.leader().is_none_or(|(leader, _)| leader != me) {
+            return self.propose(commands).await.map(drop);
+        }
+        // Refused before it queued (not the leader any more, shutting down, overloaded):
+        // nothing was written, and the error says so; only a lost lead is worth a retry,
+        // which `propose` makes wherever the new leader is.
+        let timeout = self.inner.config.request_timeout;
+        let sent =
+            tokio::time::timeout(timeout, self.inner.proposer.propose_committed(commands.clone()));
+        match sent.await {
+            Ok(Err(ClusterError::NotLeader(_))) => self.propose(commands).await.map(drop),
+            Ok(r) => r,
+            Err(_) => Err(ClusterError::Unavailable(format!(
+                "not committed within {timeout:?}; the outcome is unknown"
+            ))),
+        }
+    }
+
     /// Waits until the local replica has applied everything the leader had committed when
     /// asked, so a local read after it is linearizable.
     pub async fn read_barrier(&self) -> Result<(), ClusterError> {

@@ -16,9 +16,18 @@
 //! Bounds: an entry holds at most `max_batch` commands and `max_entry_bytes` bytes (by
 //! [`Command::size_bytes`]); a request larger than that alone is refused with 413 before it
 //! queues, so every entry fits the transport. Every proposal has a deadline: openraft can
-//! leave a `client_write` unanswered for long (a deposed leader that catches up by snapshot), so an
+//! leave a write unanswered for long (a deposed leader that catches up by snapshot), so an
 //! entry that is not answered within `timeout` frees its in-flight slot and its requests get
 //! 503 "outcome unknown" instead of stalling every later write and the timer pump.
+//!
+//! Answers: a request's outcomes exist once its entry is applied, and it is answered then.
+//! A request whose caller does not need them ([`Proposer::propose_committed`], a plain ack,
+//! which HTTP answers 204 whatever it found) is answered as soon as its entry is committed:
+//! durable on a quorum, so applied by every node and every later leader, before any entry
+//! proposed after it. Nothing a client does next can see the state without it: later writes go
+//! through the log after it, and linearizable reads wait until the commit index is applied.
+//! A one-job consumer waits for two entries per job, and sparing one of them the apply is
+//! what lets it keep up with more jobs coming due.
 //!
 //! Load shedding: the bytes of requests queued or in flight are bounded by
 //! [`PENDING_ENTRIES`] entries' worth. What the disks cannot take within the request timeout
@@ -29,6 +38,8 @@
 use delayd_core::{Command, Entry, Outcome};
 use delayd_store::Raft;
 use openraft::async_runtime::watch::WatchReceiver;
+use openraft::error::{Fatal, RaftError};
+use openraft::impls::ProgressResponder;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +53,8 @@ use crate::metrics::ReplicationMetrics;
 
 struct Pending {
     commands: Vec<Command>,
+    /// Answered (with no outcomes) once the entry is committed, not once it is applied.
+    at_commit: bool,
     bytes: usize,
     /// How many entries had been answered when the request was queued: it tells a request
     /// that waited through the last entry from one sent after that entry's answers.
@@ -115,6 +128,21 @@ impl Proposer {
     /// Proposes `commands` atomically (they land in the same entry) and returns their
     /// outcomes once the entry is committed and applied, or 503 once the deadline passed.
     pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ClusterError> {
+        self.submit(commands, false).await
+    }
+
+    /// Proposes `commands` atomically and returns once their entry is committed, without
+    /// waiting for it to be applied and without their outcomes: for a caller that answers
+    /// the same whatever they are (see the module docs). 503 once the deadline passed.
+    pub async fn propose_committed(&self, commands: Vec<Command>) -> Result<(), ClusterError> {
+        self.submit(commands, true).await.map(drop)
+    }
+
+    async fn submit(
+        &self,
+        commands: Vec<Command>,
+        at_commit: bool,
+    ) -> Result<Vec<Outcome>, ClusterError> {
         let bytes: usize = commands.iter().map(Command::size_bytes).sum();
         if bytes > self.max_entry_bytes {
             return Err(ClusterError::TooLarge(format!(
@@ -135,7 +163,7 @@ impl Proposer {
         let (reply, rx) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.timeout;
         let answered = self.answered.load(Ordering::Acquire);
-        let pending = Pending { commands, bytes, answered, reply };
+        let pending = Pending { commands, at_commit, bytes, answered, reply };
         let queued = tokio::time::timeout_at(deadline, self.tx.send(pending));
         match queued.await {
             Ok(Ok(())) => {}
@@ -286,6 +314,16 @@ impl Gathered {
     }
 }
 
+/// How one request of an entry is answered.
+struct Answer {
+    /// Its commands, in order from where the previous request's end in the entry.
+    len: usize,
+    /// Answered at the commit ([`Proposer::propose_committed`]).
+    at_commit: bool,
+    /// `None` once answered.
+    reply: Option<oneshot::Sender<Result<Vec<Outcome>, ClusterError>>>,
+}
+
 fn not_committed(timeout: Duration) -> ClusterError {
     ClusterError::Unavailable(format!("not committed within {timeout:?}; the outcome is unknown"))
 }
@@ -345,25 +383,51 @@ async fn run(
         last_requests = gathered.requests.len();
         counters.proposed(last_requests, last_size, gathered.expired);
         let mut commands = Vec::with_capacity(gathered.commands);
-        let mut lens = Vec::with_capacity(last_requests);
-        let mut replies = Vec::with_capacity(last_requests);
+        let mut answers = Vec::with_capacity(last_requests);
         for p in gathered.requests {
-            lens.push(p.commands.len());
+            answers.push(Answer {
+                len: p.commands.len(),
+                at_commit: p.at_commit,
+                reply: Some(p.reply),
+            });
             commands.extend(p.commands);
-            replies.push(p.reply);
         }
         let entry = Entry::new(clock.now_ms(), commands);
         let (raft, answered) = (raft.clone(), answered.clone());
         let commit_seconds = counters.commit_seconds();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let written = tokio::time::timeout(timeout, raft.client_write(entry)).await;
-            commit_seconds.observe(started.elapsed().as_secs_f64());
+            let mut counted = false;
             // Counted before any client hears back, so that whatever they send next is known
-            // to come after this entry (see `Gathered`).
-            answered.fetch_add(1, Ordering::Release);
+            // to come after this entry (see `Gathered`): at the commit when it is reported,
+            // else once the entry is done.
+            let mut count_answered = || {
+                if !std::mem::replace(&mut counted, true) {
+                    answered.fetch_add(1, Ordering::Release);
+                }
+            };
+            let written = tokio::time::timeout(timeout, async {
+                let (responder, committed, applied) = ProgressResponder::new();
+                raft.client_write_ff(entry, Some(responder)).await.map_err(RaftError::Fatal)?;
+                if committed.await.is_ok() {
+                    count_answered();
+                    for answer in answers.iter_mut().filter(|a| a.at_commit) {
+                        if let Some(reply) = answer.reply.take() {
+                            let _ = reply.send(Ok(Vec::new()));
+                        }
+                    }
+                }
+                match applied.await {
+                    Ok(result) => result.map_err(RaftError::APIError),
+                    // The core dropped the responder: it stopped.
+                    Err(_) => Err(RaftError::Fatal(Fatal::Stopped)),
+                }
+            })
+            .await;
+            commit_seconds.observe(started.elapsed().as_secs_f64());
+            count_answered();
             let Ok(written) = written else {
-                for reply in replies {
+                for reply in answers.into_iter().filter_map(|a| a.reply) {
                     let _ = reply.send(Err(not_committed(timeout)));
                 }
                 return; // the slot goes with it
@@ -371,13 +435,16 @@ async fn run(
             match written {
                 Ok(resp) => {
                     let mut outcomes = resp.data.into_iter();
-                    for (len, reply) in lens.into_iter().zip(replies) {
-                        let _ = reply.send(Ok(outcomes.by_ref().take(len).collect()));
+                    for answer in answers {
+                        let these = outcomes.by_ref().take(answer.len).collect();
+                        if let Some(reply) = answer.reply {
+                            let _ = reply.send(Ok(these));
+                        }
                     }
                 }
                 Err(e) => {
                     let err = ClusterError::from(e);
-                    for reply in replies {
+                    for reply in answers.into_iter().filter_map(|a| a.reply) {
                         let _ = reply.send(Err(err.clone()));
                     }
                 }
@@ -397,6 +464,7 @@ mod tests {
         for &(stamp, commands) in requests {
             g.add(Pending {
                 commands: vec![Command::Tick { limit: 1 }; commands],
+                at_commit: false,
                 bytes: 0,
                 answered: stamp,
                 reply: oneshot::channel().0,
@@ -432,6 +500,7 @@ mod tests {
     fn request(answered: u64, commands: usize) -> Pending {
         Pending {
             commands: vec![Command::Tick { limit: 1 }; commands],
+            at_commit: false,
             bytes: commands,
             answered,
             reply: oneshot::channel().0,

@@ -573,6 +573,67 @@ async fn the_listener_hears_of_a_batch_before_its_clients_are_answered() -> Resu
     Ok(())
 }
 
+/// An ack proposed for its commit only is answered once its entry is committed, while the
+/// entry is still being applied; what it did is there for the next linearizable read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_proposed_for_its_commit_is_answered_before_it_is_applied() -> Result {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::{mpsc, Mutex};
+    /// Holds the apply of every batch that acked something until told to go on, then
+    /// counts it.
+    struct Gate {
+        go: Mutex<mpsc::Receiver<()>>,
+        acks_applied: Arc<AtomicUsize>,
+    }
+    impl Observer for Gate {
+        fn applied(&self, effects: &Effects) {
+            if effects.events.values().any(|e| e.acked > 0) {
+                let go = self.go.lock().expect("gate");
+                let _ = tokio::task::block_in_place(|| go.recv_timeout(WAIT));
+                self.acks_applied.fetch_add(1, SeqCst);
+            }
+        }
+        fn replaced(&self) {}
+    }
+    let (go, gate) = mpsc::channel();
+    let acks_applied = Arc::new(AtomicUsize::new(0));
+    let observer = Arc::new(Gate { go: Mutex::new(gate), acks_applied: acks_applied.clone() });
+    let (dir, faults) = (tempfile::tempdir()?, Arc::new(Faults::default()));
+    let node =
+        start_observed(config(1, &dir, &faults, false), observer, Default::default()).await?;
+    wait_for(&node, "node 1 leads", Cluster::is_leader).await?;
+    let id = JobId(7);
+    node.propose(vec![Command::Publish { queue: queue(), job: new_job(id) }]).await?;
+
+    node.propose_committed(vec![Command::Ack { queue: queue(), id, lease: None }]).await?;
+    assert_eq!(acks_applied.load(SeqCst), 0, "answered only after the ack was applied");
+    go.send(())?;
+    let view = node.read(false).await?;
+    assert!(query::job(&view, &queue(), id)?.is_none(), "the ack was not applied");
+    assert_eq!(acks_applied.load(SeqCst), 1);
+    drop(view);
+    node.shutdown().await;
+    Ok(())
+}
+
+/// Through a follower, an ack proposed for its commit goes to the leader like any write and
+/// is answered once applied there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_proposed_for_its_commit_on_a_follower_is_forwarded() -> Result {
+    let mut c = TestCluster::three().await?;
+    let (leader, _) = c.agreed_leader().await?;
+    let follower = (1..=3).find(|&id| id != leader).ok_or("no follower")?;
+    let id = c.publish(follower).await?;
+    let ack = Command::Ack { queue: queue(), id, lease: None };
+    c.node(follower).propose_committed(vec![ack]).await?;
+    for node in 1..=3 {
+        let view = c.node(node).read(false).await?;
+        assert!(query::job(&view, &queue(), id)?.is_none(), "node {node} still holds the job");
+    }
+    c.stop_all().await;
+    Ok(())
+}
+
 /// The leader counts what replication puts on the wire: every entry reaches both followers,
 /// and under a steady stream of writes commit-only requests ride on the entries after them.
 /// Its proposer counts the entries it packs and the requests they carry.

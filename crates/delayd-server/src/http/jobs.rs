@@ -114,7 +114,14 @@ pub(crate) async fn ack(
     JobRef(queue, id): JobRef,
     p: Params,
 ) -> ApiResult {
-    s.ack(&caller, queue, id, p.lease()?).await?;
+    // 204 whatever the ack finds: without a lease, nothing it finds changes the answer, so
+    // it is answered once committed; a lease that may not be current waits for the outcome.
+    match p.lease()? {
+        None => s.ack_committed(&caller, queue, id).await?,
+        lease => {
+            s.ack(&caller, queue, id, lease).await?;
+        }
+    }
     Ok(render::no_content())
 }
 

@@ -49,6 +49,21 @@ impl Service {
         }
     }
 
+    /// Acks a job without a lease and without waiting to learn whether it was still there:
+    /// for a caller that answers the same either way (HTTP's 204). Returns once the ack is
+    /// committed, before it is applied (see `delayd_raft::propose`), which spares a one-job
+    /// consumer the apply on one of its two entries per job.
+    pub async fn ack_committed(
+        &self,
+        caller: &Principal,
+        queue: QueueName,
+        id: JobId,
+    ) -> Result<(), ServiceError> {
+        self.authorize(caller, Scope::queue(&queue, Access::Write))?;
+        let ack = Command::Ack { queue, id, lease: None };
+        Ok(self.inner.cluster.propose_committed(vec![ack]).await?)
+    }
+
     /// Puts a reserved job back, now or after `delay_ms`, optionally with a new priority.
     pub async fn release(
         &self,
