@@ -510,41 +510,50 @@ impl Cluster {
     /// Proposes `commands` atomically on the leader, wherever it is, and returns their
     /// outcomes once applied; bounded by the request timeout.
     pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ClusterError> {
-        let timeout = self.inner.config.request_timeout;
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + self.inner.config.request_timeout;
+        self.propose_until(commands, deadline).await
+    }
+
+    async fn propose_until(
+        &self,
+        commands: Vec<Command>,
+        deadline: Instant,
+    ) -> Result<Vec<Outcome>, ClusterError> {
         let fut = self.on_leader(ForwardOp::Propose(commands), deadline);
         match tokio::time::timeout_at(deadline, fut).await {
             Ok(Ok(ForwardReply::Outcomes(o))) => Ok(o),
             Ok(Ok(other)) => Err(ClusterError::Internal(format!("unexpected reply {other:?}"))),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(ClusterError::Unavailable(format!(
-                "not committed within {timeout:?}; the outcome is unknown"
-            ))),
+            Err(_) => Err(self.outcome_unknown()),
         }
     }
 
     /// Proposes `commands` atomically, for a caller that does not need their outcomes (it
     /// answers the same whatever they are): on the leader, returns as soon as their entry is
     /// committed, without waiting for it to be applied ([`Proposer::propose_committed`]);
-    /// elsewhere, or should this node lose the lead meanwhile, as [`Cluster::propose`] does.
+    /// elsewhere, or should this node lose the lead before the entry is appended, as
+    /// [`Cluster::propose`] does. Bounded by the request timeout.
     pub async fn propose_committed(&self, commands: Vec<Command>) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + self.inner.config.request_timeout;
         let me = self.inner.config.node_id;
-        if self.leader().is_none_or(|(leader, _)| leader != me) {
-            return self.propose(commands).await.map(drop);
+        if self.leader().is_some_and(|(leader, _)| leader == me) {
+            // A copy for the one retry worth making: openraft refused the entry because this
+            // node no longer leads, so nothing was appended and the new leader may take it.
+            let here = self.inner.proposer.propose_committed(commands.clone());
+            match tokio::time::timeout_at(deadline, here).await {
+                Ok(Err(ClusterError::NotLeader(_))) => {}
+                Ok(r) => return r,
+                Err(_) => return Err(self.outcome_unknown()),
+            }
         }
-        // Refused before it queued (not the leader any more, shutting down, overloaded):
-        // nothing was written, and the error says so; only a lost lead is worth a retry,
-        // which `propose` makes wherever the new leader is.
+        self.propose_until(commands, deadline).await.map(drop)
+    }
+
+    fn outcome_unknown(&self) -> ClusterError {
         let timeout = self.inner.config.request_timeout;
-        let sent =
-            tokio::time::timeout(timeout, self.inner.proposer.propose_committed(commands.clone()));
-        match sent.await {
-            Ok(Err(ClusterError::NotLeader(_))) => self.propose(commands).await.map(drop),
-            Ok(r) => r,
-            Err(_) => Err(ClusterError::Unavailable(format!(
-                "not committed within {timeout:?}; the outcome is unknown"
-            ))),
-        }
+        ClusterError::Unavailable(format!(
+            "not committed within {timeout:?}; the outcome is unknown"
+        ))
     }
 
     /// Waits until the local replica has applied everything the leader had committed when

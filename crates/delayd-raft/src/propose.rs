@@ -316,7 +316,7 @@ impl Gathered {
 
 /// How one request of an entry is answered.
 struct Answer {
-    /// Its commands, in order from where the previous request's end in the entry.
+    /// How many commands it has: they follow the previous request's in the entry.
     len: usize,
     /// Answered at the commit ([`Proposer::propose_committed`]).
     at_commit: bool,
