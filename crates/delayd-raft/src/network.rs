@@ -98,11 +98,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use delayd_core::codec::{decode, encode, encode_more, encode_sized, VERSION};
+use delayd_core::codec::{decode, encode, encode_more, encode_sized, take, VERSION};
+use delayd_core::KvError;
 use delayd_proto::raft::internal_client::InternalClient;
 use delayd_proto::raft::raft_client::RaftClient;
 use delayd_proto::raft::{RaftReply, RaftRequest};
-use delayd_store::{EncodedEntries, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
+use delayd_store::{
+    EncodedEntries, LogEntry, LogId, NodeId, Snapshot, SnapshotData, TypeConfig, Vote,
+};
 use futures::StreamExt;
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{
@@ -639,20 +642,64 @@ impl Replies {
 fn encode_append(rpc: &AppendEntriesRequest<TypeConfig>, log: Option<&EncodedEntries>) -> Vec<u8> {
     // The vote, the previous log id, the commit index and the entries' count.
     const HEADER: usize = 96;
-    let entries: usize = rpc.entries.iter().map(delayd_store::log_entry_size_bytes).sum();
-    let Some(log) = log else { return encode_sized(rpc, HEADER + entries) };
-    let mut out = encode_sized(&(&rpc.vote, &rpc.prev_log_id), HEADER + entries);
+    let Some(log) = log else {
+        let entries: usize = rpc.entries.iter().map(delayd_store::log_entry_size_bytes).sum();
+        return encode_sized(rpc, HEADER + entries);
+    };
+    // The stored bytes first, so that the buffer is sized from their lengths: an estimate
+    // walks every command, and is needed only for the entries the log no longer holds.
+    // Only what this build wrote is copied: the same version, so the same encoding.
+    let stored: Vec<_> = rpc
+        .entries
+        .iter()
+        .map(|e| log.get(&e.log_id).filter(|b| b.first() == Some(&VERSION)))
+        .collect();
+    let size: usize = rpc
+        .entries
+        .iter()
+        .zip(&stored)
+        .map(|(e, b)| b.as_ref().map_or_else(|| delayd_store::log_entry_size_bytes(e), |b| b.len()))
+        .sum();
+    let mut out = encode_sized(&(&rpc.vote, &rpc.prev_log_id), HEADER + size);
     out = encode_more(&rpc.entries.len(), out);
-    for entry in &rpc.entries {
-        match log.get(&entry.log_id) {
-            // Only what this build wrote: the same version, so the same encoding.
-            Some(stored) if stored.first() == Some(&VERSION) => {
-                out.extend_from_slice(&stored[1..]);
-            }
-            _ => out = encode_more(entry, out),
+    for (entry, stored) in rpc.entries.iter().zip(stored) {
+        match stored {
+            Some(bytes) => out.extend_from_slice(&bytes[1..]),
+            None => out = encode_more(entry, out),
         }
     }
     encode_more(&rpc.leader_commit, out)
+}
+
+/// Decodes an AppendEntries request as [`decode`] would and, when it was encoded with this
+/// build's version, hands each entry's bytes to `log` for the append that stores the entries
+/// (see [`EncodedEntries::received`]): the request is read in the parts [`encode_append`]
+/// writes it in. Used by the server (`server.rs`) for every AppendEntries it receives.
+pub(crate) fn decode_append(
+    payload: &[u8],
+    log: Option<&EncodedEntries>,
+) -> Result<AppendEntriesRequest<TypeConfig>, KvError> {
+    let Some(log) = log.filter(|_| payload.first() == Some(&VERSION)) else {
+        return decode(payload);
+    };
+    let rest = &payload[1..];
+    let ((vote, prev_log_id), mut rest) = take::<(Vote, Option<LogId>)>(rest)?;
+    let (count, after) = take::<usize>(rest)?;
+    rest = after;
+    // Each entry takes at least a byte: a count beyond them is refused by the reads below,
+    // and must not size the vectors first.
+    let mut entries = Vec::with_capacity(count.min(rest.len()));
+    let mut received = Vec::with_capacity(count.min(rest.len()));
+    for _ in 0..count {
+        let (entry, after) = take::<LogEntry>(rest)?;
+        let bytes = &rest[..rest.len() - after.len()];
+        received.push((entry.log_id, bytes));
+        entries.push(entry);
+        rest = after;
+    }
+    let (leader_commit, _) = take::<Option<LogId>>(rest)?;
+    log.received(received);
+    Ok(AppendEntriesRequest { vote, prev_log_id, entries, leader_commit })
 }
 
 fn status_error(status: Status) -> RPCError<TypeConfig> {

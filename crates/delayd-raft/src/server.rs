@@ -33,18 +33,15 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use delayd_core::codec::{decode, encode, take, VERSION};
-use delayd_core::KvError;
+use delayd_core::codec::{decode, encode};
 use delayd_proto::raft::internal_server::{Internal, InternalServer};
 use delayd_proto::raft::raft_server::RaftServer;
 use delayd_proto::raft::{RaftReply, RaftRequest};
-use delayd_store::{
-    EncodedEntries, LogEntry, LogId, Raft, Snapshot, SnapshotInbox, SnapshotMeta, TypeConfig, Vote,
-};
+use delayd_store::{EncodedEntries, Raft, Snapshot, SnapshotInbox, SnapshotMeta, Vote};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, StreamAppendError};
+use openraft::raft::{AppendEntriesResponse, StreamAppendError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -57,7 +54,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::identity::{Identity, CLUSTER_ID_HEADER};
-use crate::network::MAX_MESSAGE_BYTES;
+use crate::network::{decode_append, MAX_MESSAGE_BYTES};
 use crate::tls::{incoming, Tls, TlsConnectInfo};
 
 /// Handles `Internal.Forward` calls: what a forwarded payload means is the handler's business.
@@ -306,37 +303,6 @@ struct RaftService {
     log: Option<EncodedEntries>,
 }
 
-/// Decodes an AppendEntries request as [`decode`] would and, when it was encoded with this
-/// build's version, hands each entry's bytes to `log` for the append that stores the entries
-/// (see [`EncodedEntries::received`]): the request is read in the parts
-/// `encode_append` (in `network`) writes it in.
-fn decode_append(
-    payload: &[u8],
-    log: Option<&EncodedEntries>,
-) -> Result<AppendEntriesRequest<TypeConfig>, KvError> {
-    let Some(log) = log.filter(|_| payload.first() == Some(&VERSION)) else {
-        return decode(payload);
-    };
-    let rest = &payload[1..];
-    let ((vote, prev_log_id), mut rest) = take::<(Vote, Option<LogId>)>(rest)?;
-    let (count, after) = take::<usize>(rest)?;
-    rest = after;
-    // Each entry takes at least a byte: a count beyond them is refused by the reads below,
-    // and must not size the vectors first.
-    let mut entries = Vec::with_capacity(count.min(rest.len()));
-    let mut received = Vec::with_capacity(count.min(rest.len()));
-    for _ in 0..count {
-        let (entry, after) = take::<LogEntry>(rest)?;
-        let bytes = &rest[..rest.len() - after.len()];
-        received.push((entry.log_id, bytes));
-        entries.push(entry);
-        rest = after;
-    }
-    let (leader_commit, _) = take::<Option<LogId>>(rest)?;
-    log.received(received);
-    Ok(AppendEntriesRequest { vote, prev_log_id, entries, leader_commit })
-}
-
 fn decode_request<T: DeserializeOwned>(request: Request<RaftRequest>) -> Result<T, Status> {
     decode(&request.into_inner().payload)
         .map_err(|e| Status::invalid_argument(format!("undecodable Raft request: {e}")))
@@ -482,6 +448,8 @@ mod tests {
     #[tokio::test]
     async fn a_follower_stores_the_entries_it_receives_as_they_came() {
         use delayd_core::{Command, Entry};
+        use delayd_store::{LogEntry, TypeConfig};
+        use openraft::raft::AppendEntriesRequest;
         use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
         use openraft::testing::log_id;
 
