@@ -46,11 +46,12 @@ use crate::workloads::{Ctx, Opts, RESERVE_COUNT};
 
 /// Every workload, in the order they run. `failover` restarts the node it kills, and
 /// `storage` runs last because it leaves millions of jobs behind.
-const WORKLOADS: [&str; 16] = [
+const WORKLOADS: [&str; 17] = [
     "publish-http",
     "publish-bulk",
     "publish-grpc-stream",
     "drain",
+    "drain-lease",
     "drain-ackfirst",
     "drain-count10",
     "drain-count10-ackfirst",
@@ -66,8 +67,14 @@ const WORKLOADS: [&str; 16] = [
 ];
 
 /// The workloads run once per `--clients` level (the rest run at the largest level).
-const PER_LEVEL: [&str; 5] =
-    ["publish-http", "drain", "drain-ackfirst", "drain-count10", "drain-count10-ackfirst"];
+const PER_LEVEL: [&str; 6] = [
+    "publish-http",
+    "drain",
+    "drain-lease",
+    "drain-ackfirst",
+    "drain-count10",
+    "drain-count10-ackfirst",
+];
 
 /// Workloads without a client count: open-loop publishing, and failover's fixed publishers.
 const NO_CLIENTS: [&str; 2] = ["publish-latency", "failover"];
@@ -447,7 +454,8 @@ impl Delayd<'_> {
                     "publish-grpc-stream" => {
                         workloads::publish_grpc_stream(&ctx).await.map(|r| vec![r])
                     }
-                    "drain" => workloads::drain(&ctx).await.map(|r| vec![r]),
+                    "drain" => workloads::drain(&ctx, false).await.map(|r| vec![r]),
+                    "drain-lease" => workloads::drain(&ctx, true).await.map(|r| vec![r]),
                     "drain-ackfirst" => workloads::drain_ackfirst(&ctx).await.map(|r| vec![r]),
                     "drain-count10" => workloads::drain_count10(&ctx).await.map(|r| vec![r]),
                     "drain-count10-ackfirst" => {

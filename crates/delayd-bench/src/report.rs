@@ -13,11 +13,12 @@ use serde_json::Value;
 use crate::stats::{Row, Status};
 
 /// Which delayd workload is compared with which workload of a peer (when the peer ran it).
-const PAIRS: [(&str, &str); 10] = [
+const PAIRS: [(&str, &str); 11] = [
     ("publish-http", "publish"),
     ("publish-bulk", "publish"),
     ("publish-grpc-stream", "publish"),
     ("drain", "drain"),
+    ("drain-lease", "drain"),
     ("drain-ackfirst", "drain"),
     ("drain-count10", "drain"),
     ("drain-count10-ackfirst", "drain"),
@@ -355,12 +356,13 @@ const WORKLOADS_MD: &str = "## Workloads\n\n\
 - **publish-http**: C closed-loop clients, one `PUT /api/{ns}/{q}?delay_ms=…` of 100 bytes each, spread over all nodes (with `--via-leader`, all on the leader). Every closed-loop client of every workload sends over a keep-alive connection of its own, as wrk's do.\n\
 - **publish-bulk**: the same with `PUT …/bulk`, 64 jobs of 100 bytes per request (jobs/s counts jobs).\n\
 - **publish-grpc-stream**: gRPC `PublishStream` through `delayd-client`.\n\
-- **drain**: N ready jobs preloaded, then C consumers `GET ?ttr=30&timeout=1` + `DELETE …/job/{id}?lease=…`; jobs/s until the last ack. The preload is left out of the CPU figures.\n\
+- **drain**: N ready jobs preloaded, then C consumers `GET ?ttr=30&timeout=1` + `DELETE …/job/{id}` (the ack lmstfy's clients send: by id, no lease); jobs/s until the last ack. The preload is left out of the CPU figures.\n\
+- **drain-lease**: the same, the ack showing the reserve's lease, `DELETE …/job/{id}?lease=…` (removed only while that lease is current, so answered once applied; lmstfy has no such check).\n\
 - **drain-ackfirst**: the same, but each consumer acks its previous job on its next reserve, `GET ?ttr=30&timeout=0&ack={id}&ack_lease={lease}` (one request per job; the answer's `Delayd-Acked` header says the ack took); the jobs still held once all are taken are acked with a plain `DELETE`.\n\
-- **drain-count10**: the same with `GET ?ttr=30&timeout=1&count=10` (an array of up to 10 jobs), then a `DELETE` for each; latency per round.\n\
+- **drain-count10**: the same with `GET ?ttr=30&timeout=1&count=10` (an array of up to 10 jobs), then a `DELETE` (no lease) for each; latency per round.\n\
 - **drain-count10-ackfirst**: `GET ?ttr=30&timeout=0&count=10` carrying the acks of every job the previous reserve handed out, `&ack={id1},{id2},…&ack_lease={lease1},{lease2},…` (one request per round of up to 10 jobs; the `Delayd-Acked` header says which acks took); latency per round.\n\
-- **lifecycle**: C/2 producers (delay 0) and C/2 consumers together for T s; acked jobs/s; latency is delivery − due.\n\
-- **timer**: R jobs/s coming due over S s, each published a lead time ahead; C consumers long-poll; lateness = delivery wall time − server `due_at_ms`; early deliveries must be 0. The consumers reserve one job and ack it with a `DELETE` (**timer**), reserve one job carrying the ack of the previous one (**timer-ackfirst**), or reserve up to 10 carrying the acks of every job of their previous reserve (**timer-count10-ackfirst**).\n\
+- **lifecycle**: C/2 producers (delay 0) and C/2 consumers (reserve + `DELETE` without a lease) together for T s; acked jobs/s; latency is delivery − due.\n\
+- **timer**: R jobs/s coming due over S s, each published a lead time ahead; C consumers long-poll; lateness = delivery wall time − server `due_at_ms`; early deliveries must be 0. The consumers reserve one job and ack it with a `DELETE` without a lease (**timer**), reserve one job carrying the ack of the previous one (**timer-ackfirst**), or reserve up to 10 carrying the acks of every job of their previous reserve (**timer-count10-ackfirst**).\n\
 - **publish-latency**: open-loop single publishes at a fixed offered rate; latency from each request's intended send time.\n\
 - **storage N**: bulk-published jobs delayed by 1 day up to N stored; RSS (`VmRSS`) and disk (`du`) per node.\n\
 - **failover**: light publish load over all nodes, `kill -9` of the leader, time to the first successful publish sent after the kill.\n\

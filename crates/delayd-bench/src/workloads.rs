@@ -206,8 +206,15 @@ fn delivery(v: &Value) -> Result<(String, String, f64)> {
 }
 
 /// Acks a reserved job with its lease.
-async fn ack(conn: &mut Conn, qpath: &str, id: &str, lease: &str) -> Result<()> {
-    conn.delete(&format!("{qpath}/job/{id}?lease={lease}")).await?.expect(StatusCode::NO_CONTENT)
+/// `DELETE …/job/{id}`: with `lease`, only if it is still the job's current one (delayd's
+/// check, answered once applied, since it may refuse); without, as lmstfy's clients send it
+/// (answered once committed: it removes the job whatever its state).
+async fn ack(conn: &mut Conn, qpath: &str, id: &str, lease: Option<&str>) -> Result<()> {
+    let path = match lease {
+        Some(lease) => format!("{qpath}/job/{id}?lease={lease}"),
+        None => format!("{qpath}/job/{id}"),
+    };
+    conn.delete(&path).await?.expect(StatusCode::NO_CONTENT)
 }
 
 /// `publish-http` and `publish-bulk`: closed-loop publishes until the budget is spent.
@@ -362,16 +369,19 @@ async fn drain_setup(ctx: &Ctx, workload: &str) -> Result<(String, u64)> {
 }
 
 /// `drain`: preload ready jobs, then C consumers reserve + ack (two requests per job) until
-/// all are gone.
-pub async fn drain(ctx: &Ctx) -> Result<Row> {
-    drain_with(ctx, "drain", "reserve+ack", |mut conn, qpath, mut d| async move {
+/// all are gone. The ack is lmstfy's, by id alone; with `leased` (`drain-lease`) it shows
+/// the reserve's lease.
+pub async fn drain(ctx: &Ctx, leased: bool) -> Result<Row> {
+    let (name, latency_of) =
+        if leased { ("drain-lease", "reserve+ack with lease") } else { ("drain", "reserve+ack") };
+    drain_with(ctx, name, latency_of, |mut conn, qpath, mut d| async move {
         while d.more() {
             let t0 = Instant::now();
             let done = async {
                 let Some((id, lease, _)) = reserve(&mut conn, &qpath).await? else {
                     return Ok(false);
                 };
-                ack(&mut conn, &qpath, &id, &lease).await?;
+                ack(&mut conn, &qpath, &id, leased.then_some(lease.as_str())).await?;
                 Ok::<_, anyhow::Error>(true)
             };
             // An HTTP error ends one request (the connection is dialled again): go on.
@@ -410,7 +420,8 @@ pub async fn drain_ackfirst(ctx: &Ctx) -> Result<Row> {
                     continue;
                 };
                 if taken.load(Ordering::Relaxed) >= total {
-                    d.record(t0, ack(&mut conn, &qpath, &prev.0, &prev.1).await.map(|()| true));
+                    let acked = ack(&mut conn, &qpath, &prev.0, Some(&prev.1)).await;
+                    d.record(t0, acked.map(|()| true));
                     continue;
                 }
                 // On an error the held job is lost to this run: it comes back only after its
@@ -549,8 +560,8 @@ pub async fn drain_count10(ctx: &Ctx) -> Result<Row> {
             // Acks that went through count even when a later one of the round fails.
             let mut n = 0;
             let mut failed = None;
-            for (id, lease, _) in &jobs {
-                match ack(&mut conn, &qpath, id, lease).await {
+            for (id, _, _) in &jobs {
+                match ack(&mut conn, &qpath, id, None).await {
                     Ok(()) => n += 1,
                     Err(e) => failed = Some(e),
                 }
@@ -708,9 +719,9 @@ pub async fn lifecycle(ctx: &Ctx) -> Result<Row> {
             let mut t = Tally::default();
             while Instant::now() < deadline {
                 match reserve(&mut conn, &qpath).await {
-                    Ok(Some((id, lease, due))) => {
+                    Ok(Some((id, _, due))) => {
                         t.samples.record(wall_ms() - due);
-                        match ack(&mut conn, &qpath, &id, &lease).await {
+                        match ack(&mut conn, &qpath, &id, None).await {
                             Ok(()) => t.jobs += 1,
                             Err(e) => t.error(e),
                         }
@@ -864,7 +875,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
                     && received.load(Ordering::Relaxed) >= published.load(Ordering::Relaxed);
                 if done || Instant::now() > deadline {
                     for (id, lease) in held.drain(..) {
-                        match ack(&mut conn, &qpath, &id, &lease).await {
+                        match ack(&mut conn, &qpath, &id, Some(&lease)).await {
                             Ok(()) => t.jobs += 1,
                             Err(e) => t.error(e),
                         }
@@ -899,7 +910,7 @@ pub async fn timer(ctx: &Ctx, ack_first: bool, count: usize) -> Result<Row> {
                             if ack_first {
                                 held.push((id, lease));
                             } else {
-                                match ack(&mut conn, &qpath, &id, &lease).await {
+                                match ack(&mut conn, &qpath, &id, None).await {
                                     Ok(()) => t.jobs += 1,
                                     Err(e) => t.error(e),
                                 }
