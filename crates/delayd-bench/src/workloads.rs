@@ -205,10 +205,9 @@ fn delivery(v: &Value) -> Result<(String, String, f64)> {
     Ok((id, lease, due))
 }
 
-/// Acks a reserved job with its lease.
-/// `DELETE …/job/{id}`: with `lease`, only if it is still the job's current one (delayd's
-/// check, answered once applied, since it may refuse); without, as lmstfy's clients send it
-/// (answered once committed: it removes the job whatever its state).
+/// Acks a reserved job, `DELETE …/job/{id}`: with `lease`, only while that lease is current
+/// (delayd's check, answered once applied, since it may refuse); without, as lmstfy's clients
+/// send it (answered once committed: it removes the job whatever its state).
 async fn ack(conn: &mut Conn, qpath: &str, id: &str, lease: Option<&str>) -> Result<()> {
     let path = match lease {
         Some(lease) => format!("{qpath}/job/{id}?lease={lease}"),
