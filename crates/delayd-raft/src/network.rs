@@ -22,7 +22,7 @@
 //! An AppendEntries request is encoded exactly so, but not always from scratch: each entry
 //! the leader's log still holds among its latest ([`EncodedEntries`]) is copied from the bytes
 //! the log stored for it, and the follower's server reads the request in parts and stores each
-//! entry with the bytes it came in (`server::decode_append`). An entry is thus encoded once,
+//! entry with the bytes it came in (`decode_append`). An entry is thus encoded once,
 //! on the leader that proposed it, and not once more per follower and once more on each.
 //!
 //! ## Pipelined replication
@@ -630,7 +630,6 @@ impl Replies {
     }
 }
 
-/// Maps a gRPC status of a Raft call to openraft's view of the failure (see the module docs).
 /// An AppendEntries request, encoded as [`encode`] would, into one buffer sized for its
 /// entries (a busy leader's request carries tens of kilobytes), with each entry the log still
 /// holds copied from the bytes it stored rather than encoded again: every entry goes to every
@@ -702,6 +701,7 @@ pub(crate) fn decode_append(
     Ok(AppendEntriesRequest { vote, prev_log_id, entries, leader_commit })
 }
 
+/// Maps a gRPC status of a Raft call to openraft's view of the failure (see the module docs).
 fn status_error(status: Status) -> RPCError<TypeConfig> {
     match status.code() {
         Code::Unavailable | Code::Unimplemented | Code::InvalidArgument | Code::Unauthenticated => {

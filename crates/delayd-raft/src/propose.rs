@@ -26,8 +26,7 @@
 //! durable on a quorum, so applied by every node and every later leader, before any entry
 //! proposed after it. Nothing a client does next can see the state without it: later writes go
 //! through the log after it, and linearizable reads wait until the commit index is applied.
-//! A one-job consumer waits for two entries per job, and sparing one of them the apply is
-//! what lets it keep up with more jobs coming due.
+//! A one-job consumer waits for two entries per job, and this spares one of them the apply.
 //!
 //! Load shedding: the bytes of requests queued or in flight are bounded by
 //! [`PENDING_ENTRIES`] entries' worth. What the disks cannot take within the request timeout
