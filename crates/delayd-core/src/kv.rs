@@ -15,8 +15,11 @@
 //! Data is split into column families ([`Cf`]) so that each ordered index can be scanned on its
 //! own; every key layout is documented where it is built, in `keys.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
+
+use crate::keys::NUMBER_PREFIX;
 
 /// A storage failure. These are never business outcomes: they mean the state cannot be read or
 /// written, and openraft stops the node when it sees one.
@@ -80,6 +83,22 @@ impl Cf {
             Cf::Meta => "sm_meta",
         }
     }
+
+    /// Whether `key` of this column family is written at most once between deletes: an
+    /// index entry names the job (and, where a job may enter the index again, a new place in
+    /// line or a new deadline), so the state machine puts it only where it is absent, and
+    /// deletes it once. The store may then delete such a key with RocksDB's single delete,
+    /// which, unlike a plain delete, vanishes together with the put it deletes once a flush or
+    /// a compaction sees both: a job that comes and goes within a memtable leaves no
+    /// tombstone of its indexes on disk. [`MemKv`] checks the rule in builds with debug
+    /// assertions (every test of the state machine).
+    pub fn written_once(self, key: &[u8]) -> bool {
+        match self {
+            Cf::Timers | Cf::Ready | Cf::Dead | Cf::Members => true,
+            Cf::Meta => key.starts_with(NUMBER_PREFIX),
+            Cf::Jobs | Cf::Keys | Cf::Queues | Cf::DueHist => false,
+        }
+    }
 }
 
 /// Read access to a consistent view of the state machine's data.
@@ -106,12 +125,24 @@ pub struct MemKv {
 
 impl MemKv {
     /// Applies writes produced by an [`Overlay`].
+    ///
+    /// With debug assertions, panics at a put of a key [`Cf::written_once`] that the map
+    /// holds already: the state machine broke the rule the store relies on to delete such
+    /// keys with single deletes.
     pub fn apply(&mut self, writes: impl IntoIterator<Item = Write>) {
         for (cf, key, value) in writes {
             match value {
-                Some(v) => self.map.insert((cf, key), v),
-                None => self.map.remove(&(cf, key)),
-            };
+                Some(v) => {
+                    debug_assert!(
+                        !cf.written_once(&key) || !self.map.contains_key(&(cf, key.clone())),
+                        "a key of {cf:?} written once was put again without a delete: {key:?}"
+                    );
+                    self.map.insert((cf, key), v);
+                }
+                None => {
+                    self.map.remove(&(cf, key));
+                }
+            }
         }
     }
 
@@ -160,6 +191,10 @@ pub struct Overlay<'a, R: KvRead + ?Sized> {
     /// One ordered map per column family (indexed like [`Cf::ALL`]), so that a read looks a
     /// key up by reference, without building an owned `(Cf, key)` to compare with.
     pending: [BTreeMap<Vec<u8>, Option<Vec<u8>>>; Cf::ALL.len()],
+    /// Keys [`Cf::written_once`] deleted and then put again in this batch (a job updated in
+    /// place keeps its index entry's key): the delete must reach the store before the put,
+    /// so that the key is never put twice without a delete between. Almost always empty.
+    replaced: [BTreeSet<Vec<u8>>; Cf::ALL.len()],
     /// Bytes of keys and values buffered so far, counting overwritten ones too: an upper
     /// bound of the batch's memory, cheap to keep.
     buffered_bytes: usize,
@@ -168,13 +203,29 @@ pub struct Overlay<'a, R: KvRead + ?Sized> {
 impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
     /// Starts an empty batch over `base`.
     pub fn new(base: &'a R) -> Self {
-        Overlay { base, pending: Default::default(), buffered_bytes: 0 }
+        Overlay {
+            base,
+            pending: Default::default(),
+            replaced: Default::default(),
+            buffered_bytes: 0,
+        }
     }
 
     /// Buffers a put.
     pub fn put(&mut self, cf: Cf, key: Vec<u8>, value: Vec<u8>) {
         self.buffered_bytes += key.len() + value.len();
-        self.pending[cf.index()].insert(key, Some(value));
+        let once = cf.written_once(&key);
+        match self.pending[cf.index()].entry(key) {
+            Entry::Occupied(mut pending) => {
+                if once && pending.get().is_none() {
+                    self.replaced[cf.index()].insert(pending.key().clone());
+                }
+                pending.insert(Some(value));
+            }
+            Entry::Vacant(pending) => {
+                pending.insert(Some(value));
+            }
+        }
     }
 
     /// Buffers a delete.
@@ -198,12 +249,19 @@ impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
         self.pending.iter().all(BTreeMap::is_empty)
     }
 
-    /// The buffered writes, in (column family, key) order, to be written atomically.
+    /// The buffered writes, in (column family, key) order, to be written atomically in this
+    /// order. A key [`Cf::written_once`] that the batch deleted and then put again comes
+    /// twice: its delete, then its put.
     pub fn into_writes(self) -> impl Iterator<Item = Write> {
-        Cf::ALL
-            .into_iter()
-            .zip(self.pending)
-            .flat_map(|(cf, writes)| writes.into_iter().map(move |(k, v)| (cf, k, v)))
+        Cf::ALL.into_iter().zip(self.pending).zip(self.replaced).flat_map(
+            |((cf, writes), replaced)| {
+                writes.into_iter().flat_map(move |(k, v)| {
+                    let delete =
+                        (v.is_some() && replaced.contains(&k)).then(|| (cf, k.clone(), None));
+                    delete.into_iter().chain(std::iter::once((cf, k, v)))
+                })
+            },
+        )
     }
 }
 
@@ -280,6 +338,39 @@ mod tests {
         })
         .expect("scan");
         out
+    }
+
+    /// A key written once that a batch deletes and puts again reaches the store as a delete
+    /// and then a put, so it is never put twice without a delete between; any other key, and
+    /// a key the batch only put or only deleted, comes once, as its last write.
+    #[test]
+    fn a_key_written_once_deleted_and_put_again_is_written_as_both() {
+        let mut base = MemKv::default();
+        base.apply([
+            (Cf::Ready, b"r".to_vec(), Some(b"1".to_vec())),
+            (Cf::Jobs, b"j".to_vec(), Some(b"1".to_vec())),
+        ]);
+        let mut o = Overlay::new(&base);
+        o.delete(Cf::Ready, b"r".to_vec());
+        o.put(Cf::Ready, b"r".to_vec(), b"2".to_vec());
+        o.put(Cf::Ready, b"r".to_vec(), b"3".to_vec());
+        o.put(Cf::Ready, b"s".to_vec(), b"4".to_vec());
+        o.delete(Cf::Ready, b"s".to_vec());
+        o.delete(Cf::Jobs, b"j".to_vec());
+        o.put(Cf::Jobs, b"j".to_vec(), b"2".to_vec());
+        assert_eq!(o.get(Cf::Ready, b"r").expect("get"), Some(b"3".to_vec()));
+        let writes: Vec<Write> = o.into_writes().collect();
+        assert_eq!(
+            writes,
+            [
+                (Cf::Jobs, b"j".to_vec(), Some(b"2".to_vec())),
+                (Cf::Ready, b"r".to_vec(), None),
+                (Cf::Ready, b"r".to_vec(), Some(b"3".to_vec())),
+                (Cf::Ready, b"s".to_vec(), None),
+            ]
+        );
+        base.apply(writes);
+        assert_eq!(base.get(Cf::Ready, b"r").expect("get"), Some(b"3".to_vec()));
     }
 
     #[test]

@@ -245,6 +245,9 @@ impl Shared {
             };
             match &value {
                 Some(value) => batch.put_cf(handle, &key, value),
+                // A key put once is deleted with a single delete, which a flush or a
+                // compaction drops together with the put it meets (`Cf::written_once`).
+                None if cf.written_once(&key) => batch.single_delete_cf(handle, &key),
                 None => batch.delete_cf(handle, &key),
             }
             if apply_cache::follows(cf) {
@@ -1143,6 +1146,32 @@ mod tests {
         // Deleted, the record is read from the database again (and is absent there).
         apply_entries(&mut sm, [cancel_entry(1, 3, 1)]).await.expect("apply");
         assert_eq!(table(&sm), (hits + 1, misses + 1));
+    }
+
+    /// A job that comes and goes between two flushes leaves no trace of its indexes on disk:
+    /// their keys are deleted with single deletes, which the flush drops together with the
+    /// puts they meet. Its record, rewritten in place over its life, is deleted with a plain
+    /// delete, whose tombstone the flush must keep.
+    #[tokio::test]
+    async fn a_job_gone_before_the_flush_leaves_no_index_tombstone() {
+        use crate::test_entries::{cancel_entry, publish_entry};
+        let dir = tempfile::tempdir().expect("dir");
+        let (_log, mut sm) = open(dir.path());
+        apply_entries(&mut sm, [publish_entry(1, 1, b"one".to_vec())]).await.expect("apply");
+        apply_entries(&mut sm, [cancel_entry(1, 2, 1)]).await.expect("apply");
+        let db = &sm.shared.db;
+        db::flush_state(db).expect("flush");
+        let files = |cf: Cf| {
+            let handle = db::cf(db, cf.name()).expect("cf");
+            db.property_int_value_cf(handle, "rocksdb.num-files-at-level0")
+                .expect("property")
+                .expect("known")
+        };
+        assert_eq!(files(Cf::Jobs), 1, "the record's tombstone is flushed");
+        for cf in [Cf::Ready, Cf::Members] {
+            assert_eq!(files(cf), 0, "{cf:?}: the put and its single delete left nothing");
+        }
+        assert!(dump(&sm).iter().all(|(cf, _, _)| *cf != Cf::Ready && *cf != Cf::Members));
     }
 
     /// Nothing apply's cache held before an install may answer a read of the installed state:
