@@ -252,16 +252,54 @@ impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
     /// The buffered writes, in (column family, key) order, to be written atomically in this
     /// order. A key [`Cf::written_once`] that the batch deleted and then put again comes
     /// twice: its delete, then its put.
-    pub fn into_writes(self) -> impl Iterator<Item = Write> {
-        Cf::ALL.into_iter().zip(self.pending).zip(self.replaced).flat_map(
-            |((cf, writes), replaced)| {
-                writes.into_iter().flat_map(move |(k, v)| {
-                    let delete =
-                        (v.is_some() && replaced.contains(&k)).then(|| (cf, k.clone(), None));
-                    delete.into_iter().chain(std::iter::once((cf, k, v)))
-                })
-            },
-        )
+    pub fn into_writes(self) -> Writes {
+        Writes {
+            families: Cf::ALL.into_iter().zip(self.pending).zip(self.replaced),
+            current: None,
+            then: None,
+        }
+    }
+}
+
+/// The writes of an [`Overlay`], from [`Overlay::into_writes`].
+pub struct Writes {
+    families: std::iter::Zip<
+        std::iter::Zip<
+            std::array::IntoIter<Cf, { Cf::ALL.len() }>,
+            std::array::IntoIter<BTreeMap<Vec<u8>, Option<Vec<u8>>>, { Cf::ALL.len() }>,
+        >,
+        std::array::IntoIter<BTreeSet<Vec<u8>>, { Cf::ALL.len() }>,
+    >,
+    /// The column family being written, its writes left and its replaced keys.
+    current: Option<(
+        Cf,
+        std::collections::btree_map::IntoIter<Vec<u8>, Option<Vec<u8>>>,
+        BTreeSet<Vec<u8>>,
+    )>,
+    /// The put that follows the delete just returned.
+    then: Option<Write>,
+}
+
+impl Iterator for Writes {
+    type Item = Write;
+
+    fn next(&mut self) -> Option<Write> {
+        if let Some(put) = self.then.take() {
+            return Some(put);
+        }
+        loop {
+            if let Some((cf, writes, replaced)) = &mut self.current {
+                if let Some((key, value)) = writes.next() {
+                    if value.is_some() && !replaced.is_empty() && replaced.contains(&key) {
+                        self.then = Some((*cf, key.clone(), value));
+                        return Some((*cf, key, None));
+                    }
+                    return Some((*cf, key, value));
+                }
+            }
+            let ((cf, writes), replaced) = self.families.next()?;
+            self.current = Some((cf, writes.into_iter(), replaced));
+        }
     }
 }
 
