@@ -47,7 +47,10 @@ impl std::fmt::Display for Entry {
 /// Everything needed to create a job, validated before it is proposed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewJob {
-    /// Chosen by the leader.
+    /// Drawn by the node that proposes the publish (a new ULID), never one of a job the state
+    /// holds: the state machine stores a publish without looking for the id, and the store
+    /// deletes the job's index keys on the ground that each was put once
+    /// ([`Cf::written_once`](crate::Cf::written_once)).
     pub id: JobId,
     /// Optional idempotency key.
     pub key: Option<String>,

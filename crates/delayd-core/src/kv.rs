@@ -253,31 +253,30 @@ impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
     /// order. A key [`Cf::written_once`] that the batch deleted and then put again comes
     /// twice: its delete, then its put.
     pub fn into_writes(self) -> Writes {
-        Writes {
-            families: Cf::ALL.into_iter().zip(self.pending).zip(self.replaced),
-            current: None,
-            then: None,
-        }
+        let (mut pending, mut replaced) = (self.pending, self.replaced);
+        let families = std::array::from_fn(|i| Family {
+            cf: Cf::ALL[i],
+            writes: std::mem::take(&mut pending[i]).into_iter(),
+            replaced: std::mem::take(&mut replaced[i]),
+        });
+        Writes { families: families.into_iter(), current: None, then: None }
     }
 }
 
 /// The writes of an [`Overlay`], from [`Overlay::into_writes`].
 pub struct Writes {
-    families: std::iter::Zip<
-        std::iter::Zip<
-            std::array::IntoIter<Cf, { Cf::ALL.len() }>,
-            std::array::IntoIter<BTreeMap<Vec<u8>, Option<Vec<u8>>>, { Cf::ALL.len() }>,
-        >,
-        std::array::IntoIter<BTreeSet<Vec<u8>>, { Cf::ALL.len() }>,
-    >,
-    /// The column family being written, its writes left and its replaced keys.
-    current: Option<(
-        Cf,
-        std::collections::btree_map::IntoIter<Vec<u8>, Option<Vec<u8>>>,
-        BTreeSet<Vec<u8>>,
-    )>,
+    families: std::array::IntoIter<Family, { Cf::ALL.len() }>,
+    /// The column family being written.
+    current: Option<Family>,
     /// The put that follows the delete just returned.
     then: Option<Write>,
+}
+
+/// One column family's writes left, and its keys deleted and put again.
+struct Family {
+    cf: Cf,
+    writes: std::collections::btree_map::IntoIter<Vec<u8>, Option<Vec<u8>>>,
+    replaced: BTreeSet<Vec<u8>>,
 }
 
 impl Iterator for Writes {
@@ -288,7 +287,7 @@ impl Iterator for Writes {
             return Some(put);
         }
         loop {
-            if let Some((cf, writes, replaced)) = &mut self.current {
+            if let Some(Family { cf, writes, replaced }) = &mut self.current {
                 if let Some((key, value)) = writes.next() {
                     if value.is_some() && !replaced.is_empty() && replaced.contains(&key) {
                         self.then = Some((*cf, key.clone(), value));
@@ -297,8 +296,7 @@ impl Iterator for Writes {
                     return Some((*cf, key, value));
                 }
             }
-            let ((cf, writes), replaced) = self.families.next()?;
-            self.current = Some((cf, writes.into_iter(), replaced));
+            self.current = Some(self.families.next()?);
         }
     }
 }

@@ -1202,8 +1202,13 @@ mod tests {
 
     /// A command of a random workload over three queues and forty job ids: every kind a
     /// consumer's and a timer's path takes, so that the cache meets reads of what was just
-    /// written, deleted, moved and fired.
-    fn random_command(next: &mut impl FnMut(u64) -> u64) -> delayd_core::Command {
+    /// written, deleted, moved and fired. An id is published again only once its job is gone
+    /// (`live` says which are not), as a node never publishes an id in use: its jobs' ids are
+    /// new ULIDs, and the store deletes index keys on that ground (`Cf::written_once`).
+    fn random_command(
+        next: &mut impl FnMut(u64) -> u64,
+        live: &mut impl FnMut(delayd_core::JobId) -> bool,
+    ) -> delayd_core::Command {
         use delayd_core::{Command, Due, JobId, NewJob, QueueName, Target};
         let queue = QueueName::new("ns", ["a", "b", "c"][next(3) as usize]);
         // Ids n and n + 20 share a slot of the job table: displacements, and deletes of
@@ -1211,6 +1216,7 @@ mod tests {
         let n = next(40);
         let id = JobId(0xbeef << 64 | u128::from(n / 20) << 10 | u128::from(n % 20));
         match next(10) {
+            0..=2 if live(id) => Command::Tick { limit: 1 + next(20) as u32 },
             0..=2 => Command::Publish {
                 queue,
                 job: NewJob {
@@ -1278,10 +1284,18 @@ mod tests {
         let (mut index, mut now) = (0u64, 1_000u64);
         for batch in 0..400 {
             let mut entries = Vec::new();
+            // Ids this batch may publish: none held in the state before it, none published in
+            // it already (a job published and removed within the batch is skipped too).
+            let mut published = std::collections::HashSet::new();
+            let mut live = |id: delayd_core::JobId| {
+                let held = mem.get(Cf::Jobs, &id.to_bytes()).expect("get").is_some();
+                held || !published.insert(id)
+            };
             for _ in 0..1 + next(3) {
                 index += 1;
                 now += next(400);
-                let commands = (0..1 + next(5)).map(|_| random_command(&mut next)).collect();
+                let commands =
+                    (0..1 + next(5)).map(|_| random_command(&mut next, &mut live)).collect();
                 entries.push(LogEntry {
                     log_id: log_id::<TypeConfig>(1, 0, index),
                     payload: EntryPayload::Normal(Entry::new(now, commands)),
