@@ -214,10 +214,9 @@ impl<'a, R: KvRead + ?Sized> Overlay<'a, R> {
     /// Buffers a put.
     pub fn put(&mut self, cf: Cf, key: Vec<u8>, value: Vec<u8>) {
         self.buffered_bytes += key.len() + value.len();
-        let once = cf.written_once(&key);
         match self.pending[cf.index()].entry(key) {
             Entry::Occupied(mut pending) => {
-                if once && pending.get().is_none() {
+                if pending.get().is_none() && cf.written_once(pending.key()) {
                     self.replaced[cf.index()].insert(pending.key().clone());
                 }
                 pending.insert(Some(value));
@@ -289,7 +288,7 @@ impl Iterator for Writes {
         loop {
             if let Some(Family { cf, writes, replaced }) = &mut self.current {
                 if let Some((key, value)) = writes.next() {
-                    if value.is_some() && !replaced.is_empty() && replaced.contains(&key) {
+                    if value.is_some() && replaced.contains(&key) {
                         self.then = Some((*cf, key.clone(), value));
                         return Some((*cf, key, None));
                     }
