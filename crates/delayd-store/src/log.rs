@@ -89,7 +89,10 @@ impl LogStore {
             let (db, syncer) = (db.clone(), syncer.clone());
             std::thread::Builder::new()
                 .name("delayd-wal-sync".into())
-                .spawn(move || syncer.run(&db))
+                .spawn(move || {
+                    crate::without_perf_counters();
+                    syncer.run(&db)
+                })
                 .map_err(|e| StoreError::Task(format!("cannot start the WAL syncer: {e}")))?
         };
         let syncer = Arc::new(SyncerHandle { syncer, thread: Some(thread) });

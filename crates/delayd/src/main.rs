@@ -89,6 +89,7 @@ fn main() -> anyhow::Result<()> {
             let settings = layered(args.settings, args.config.as_deref())?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(settings.worker_threads()?)
+                .on_thread_start(delayd_store::without_perf_counters)
                 .enable_all()
                 .build()?;
             let outcome = runtime.block_on(run(settings, args.config));

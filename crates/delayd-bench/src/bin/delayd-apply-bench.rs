@@ -307,6 +307,8 @@ fn process_cpu() -> Result<Duration> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<()> {
+    // As on every thread of a node: batches of 64 commands or fewer are applied on this one.
+    delayd_store::without_perf_counters();
     let args = Args::parse();
     let workloads: Vec<String> = if args.workloads.is_empty() {
         WORKLOADS.iter().map(|w| w.to_string()).collect()
