@@ -76,11 +76,17 @@ enum Cmd {
 const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 fn main() -> anyhow::Result<()> {
+    // RocksDB's per-thread counters, which nothing reads, off on this thread (a restore's or
+    // a recovery's work runs here) and on each thread the runtime starts.
+    delayd_store::without_perf_counters();
     let mut args = Args::parse();
     let (runtime, outcome) = match args.command.take() {
         // A probe, a restore or a recovery needs no pool of workers.
         Some(command) => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .on_thread_start(delayd_store::without_perf_counters)
+                .enable_all()
+                .build()?;
             let outcome = runtime.block_on(run_command(command));
             (runtime, outcome)
         }
