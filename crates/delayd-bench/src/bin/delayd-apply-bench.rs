@@ -305,10 +305,19 @@ fn process_cpu() -> Result<Duration> {
     Ok(Duration::from_secs_f64(ticks as f64 / procstat::clock_ticks_per_s()))
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<()> {
-    // As on every thread of a node: batches of 64 commands or fewer are applied on this one.
+fn main() -> Result<()> {
+    // RocksDB's per-thread counters off as on every thread of a node: on this one, which
+    // applies batches of 64 commands or fewer, and on the blocking threads that apply larger
+    // ones.
     delayd_store::without_perf_counters();
+    tokio::runtime::Builder::new_current_thread()
+        .on_thread_start(delayd_store::without_perf_counters)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> Result<()> {
     let args = Args::parse();
     let workloads: Vec<String> = if args.workloads.is_empty() {
         WORKLOADS.iter().map(|w| w.to_string()).collect()
