@@ -10,6 +10,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -113,6 +114,40 @@ fn fdatasync(dir: &Path) -> Result<f64> {
     Ok(took.summary().map_or(f64::NAN, |s| s.p50))
 }
 
+/// Processes that keep cores busy for as long as this value lives (`--cpu-hogs`): a machine
+/// whose other work holds the cores, as on a host shared with other services or a build. Each
+/// is a shell spinning in an empty loop at the default priority, outside every system's
+/// measured processes and the bench's own.
+pub struct CpuHogs(Vec<Child>);
+
+impl CpuHogs {
+    /// Starts `n` of them.
+    pub fn start(n: u64) -> Result<CpuHogs> {
+        let mut hogs = CpuHogs(Vec::new());
+        for _ in 0..n {
+            let child = Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .context("cannot start a CPU hog (sh)")?;
+            // Pushed at once: an error starting the next still stops this one (Drop).
+            hogs.0.push(child);
+        }
+        Ok(hogs)
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            // Already gone is fine; nothing else can be done about a failure here.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -131,5 +166,36 @@ mod tests {
         let gone = dir.path().join("missing");
         let err = probe(&gone).unwrap_err();
         assert!(format!("{err:#}").contains("missing"), "{err:#}");
+    }
+
+    /// Each hog is a running process that uses a core while it lives, and is gone once the
+    /// guard is dropped.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cpu_hogs_spin_while_they_live_and_stop_with_the_guard() {
+        let ticks = |pid: u32| -> Option<u64> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            // utime and stime: the 14th and 15th fields, the 12th and 13th after the name.
+            let f: Vec<&str> = after_name.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        };
+        let hogs = CpuHogs::start(2).expect("start");
+        assert_eq!(hogs.0.len(), 2);
+        let pids: Vec<u32> = hogs.0.iter().map(Child::id).collect();
+        // A spinning process accrues CPU time; one clock tick (10 ms) of it is awaited, with
+        // a deadline far beyond what a loaded machine needs.
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        for pid in &pids {
+            while ticks(*pid).unwrap_or(0) == 0 {
+                assert!(Instant::now() < deadline, "hog {pid} used no CPU in 30 s");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        drop(hogs);
+        for pid in pids {
+            // Reaped by the guard: the process no longer exists.
+            assert!(ticks(pid).is_none(), "hog {pid} still runs after the guard was dropped");
+        }
     }
 }

@@ -189,6 +189,12 @@ struct Args {
     /// runs and that no job is delivered early; no timing is judged.
     #[arg(long)]
     smoke: bool,
+    /// Keep this many processes spinning at the default CPU priority while every system runs:
+    /// a machine whose cores other work holds, as a host shared with other services or a
+    /// build does. The peers run under the same load, and the machine is read before they
+    /// start.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
+    cpu_hogs: u64,
     /// Send every client to the leader instead of spreading them over the nodes: how clients
     /// behind a load balancer that checks `/ready?role=leader` reach a cluster. Followers
     /// then forward nothing. The rows are labelled "via the leader".
@@ -302,6 +308,11 @@ async fn run(args: Args) -> Result<ExitCode> {
     let machine = machine::probe(&std::env::temp_dir())?;
     eprintln!("delayd-bench: machine: {machine}");
 
+    let _hogs = machine::CpuHogs::start(args.cpu_hogs)?;
+    if args.cpu_hogs > 0 {
+        eprintln!("delayd-bench: {} CPU hogs spin throughout the run", args.cpu_hogs);
+    }
+
     let compare_bin = match &args.compare_bin {
         Some(_) if !args.target.is_empty() => {
             bail!("--compare-bin starts the clusters of both builds itself: drop --target")
@@ -355,6 +366,7 @@ async fn run(args: Args) -> Result<ExitCode> {
         "smoke": args.smoke,
         "client_levels": levels,
         "auth": args.auth,
+        "cpu_hogs": args.cpu_hogs,
         "opts": format!("{opts:?}"),
     });
     if let Some(path) = &args.json {

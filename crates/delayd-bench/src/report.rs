@@ -206,6 +206,13 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
         meta["delayd_bin"].as_str().unwrap_or("?"),
         meta["started_unix_s"]
     );
+    if let Some(hogs) = meta["cpu_hogs"].as_u64().filter(|n| *n > 0) {
+        let _ = writeln!(
+            md,
+            "Every system ran beside {hogs} processes spinning at the default CPU priority \
+             (`--cpu-hogs`): cores held by other work.\n"
+        );
+    }
     md.push_str("## Results\n\n");
     md.push_str(
         "`c` is the number of concurrent clients; `server CPU µs/job` the CPU time (user + \

@@ -356,7 +356,7 @@ mod tests {
 
     /// The CPU priority of the calling thread, as Linux keeps it.
     #[cfg(target_os = "linux")]
-    fn own_nice() -> i32 {
+    pub(crate) fn own_nice() -> i32 {
         rustix::process::getpriority_process(Some(rustix::thread::gettid())).expect("priority")
     }
 
