@@ -135,6 +135,9 @@ pub struct Metrics {
     raft_quorum_ack: GaugeVec,
 
     rocksdb_size: IntGaugeVec,
+    /// No labels: a vector so that the series is absent when RocksDB cannot be asked.
+    rocksdb_write_stopped: IntGaugeVec,
+    rocksdb_write_stalls: IntCounterVec,
     /// No labels: vectors so that the series are absent, rather than 0, when the filesystem
     /// cannot be asked (0 bytes available would page someone).
     filesystem_available: IntGaugeVec,
@@ -364,6 +367,18 @@ impl Metrics {
                 "Space RocksDB uses, by kind: sst files, memtables, wal files.",
                 &["kind"],
             )?,
+            rocksdb_write_stopped: b.gauge(
+                "delayd_rocksdb_write_stopped",
+                "1 while RocksDB stops every write of this node until a flush or compaction \
+                 catches up, else 0; read at scrape time.",
+                &[],
+            )?,
+            rocksdb_write_stalls: b.counter(
+                "delayd_rocksdb_write_stalls_total",
+                "Times RocksDB found a limit reached that stops (stop) or slows down (delay) \
+                 this node's writes: unflushed memtables, level-0 files, compaction backlog.",
+                &["kind"],
+            )?,
             filesystem_available: b.gauge(
                 "delayd_filesystem_available_bytes",
                 "Bytes an unprivileged process may still write on the filesystem holding the \
@@ -577,6 +592,19 @@ impl Metrics {
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's sizes"),
+        }
+        self.rocksdb_write_stopped.reset();
+        match reader.write_stalls() {
+            Ok(w) => {
+                self.rocksdb_write_stopped.with_label_values::<&str>(&[]).set(i64::from(w.stopped));
+                for (kind, n) in [("stop", w.stops), ("delay", w.delays)] {
+                    // RocksDB's counts only grow while the database is open (scrapes are
+                    // serialised): the counter follows them.
+                    let counter = self.rocksdb_write_stalls.with_label_values(&[kind]);
+                    counter.inc_by(n.saturating_sub(counter.get()));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's write stalls"),
         }
     }
 

@@ -297,6 +297,11 @@ async fn metrics_follow_requests_jobs_raft_and_storage() {
     assert!(after.value("delayd_rocksdb_size_bytes", &[("kind", "memtable")]) > 0.0);
     assert!(after.get("delayd_rocksdb_size_bytes", &[("kind", "sst")]).is_some());
     assert!(after.get("delayd_rocksdb_size_bytes", &[("kind", "wal")]).is_some());
+    // Nothing held this node's writes back.
+    assert_eq!(after.get("delayd_rocksdb_write_stopped", &[]), Some(0.0));
+    for kind in ["stop", "delay"] {
+        assert_eq!(after.get("delayd_rocksdb_write_stalls_total", &[("kind", kind)]), Some(0.0));
+    }
     // The data directory's filesystem: some room left, less than all of it.
     let size = after.value("delayd_filesystem_size_bytes", &[]);
     let available = after.value("delayd_filesystem_available_bytes", &[]);

@@ -359,6 +359,55 @@ pub(crate) fn sizes(db: &Db) -> Result<StorageSizes, StoreError> {
     Ok(sizes)
 }
 
+/// How RocksDB has held back this node's writes since the database was opened, as it
+/// reports it. A stopped write waits in RocksDB until a flush or a compaction catches up, and
+/// the client's request meanwhile runs into its deadline (503 "not committed within …").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteStalls {
+    /// Every write of the node is stopped right now (`rocksdb.is-write-stopped`).
+    pub stopped: bool,
+    /// Times RocksDB found a limit reached that stops writes: a column family with as many
+    /// unflushed memtables as it may hold, or level 0 with as many files (it checks after
+    /// each flush, compaction and memtable switch), summed over the column families.
+    pub stops: u64,
+    /// Times it found a limit reached that slows writes down (level 0's files or the
+    /// compactions' backlog over their soft limits), counted the same way.
+    pub delays: u64,
+}
+
+/// Reads [`WriteStalls`]: RocksDB's write-stall counts of every column family, and the
+/// database's own (stops for the shared memtable budget, which stays 0 while that budget only
+/// triggers flushes, as `open` sets it).
+pub(crate) fn write_stalls(db: &Db) -> Result<WriteStalls, StoreError> {
+    let stopped = db.property_int_value(rocksdb::properties::IS_WRITE_STOPPED)?.unwrap_or(0) != 0;
+    let mut stalls = WriteStalls { stopped, ..WriteStalls::default() };
+    // The database's own count has no totals: its one cause is the shared memtable budget.
+    let text = db.property_value(DB_WRITE_STALL_STATS)?.unwrap_or_default();
+    stalls.stops += stall_count(&text, "write-buffer-manager-limit-stops").unwrap_or(0);
+    let names = [CF_LOG, CF_RAFT_META].into_iter().chain(Cf::ALL.iter().map(|cf| cf.name()));
+    for name in names {
+        let text = db.property_value_cf(cf(db, name)?, CF_WRITE_STALL_STATS)?.unwrap_or_default();
+        stalls.stops += stall_count(&text, "total-stops").unwrap_or(0);
+        stalls.delays += stall_count(&text, "total-delays").unwrap_or(0);
+    }
+    Ok(stalls)
+}
+
+/// The write-stall properties; the string forms, which the C API gives (the map forms it
+/// does not).
+const CF_WRITE_STALL_STATS: &str = "rocksdb.cf-write-stall-stats";
+const DB_WRITE_STALL_STATS: &str = "rocksdb.db-write-stall-stats";
+
+/// One count out of a write-stall property's text, which RocksDB writes as
+/// `Write Stall (count): name: n, name: n, …`; `None` when `name` is not in it.
+fn stall_count(text: &str, name: &str) -> Option<u64> {
+    let list = text.split_once("): ").map_or(text, |(_, list)| list);
+    list.split(',').find_map(|pair| {
+        let (key, value) = pair.split_once(':')?;
+        (key.trim() == name).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
 /// How many times RocksDB synced the WAL, by synced writes and by `SyncWAL` alike (its
 /// `rocksdb.wal.synced` ticker; statistics are on in this crate's unit tests only).
 #[cfg(test)]
@@ -421,6 +470,57 @@ mod tests {
             let line = format!("db_write_buffer_size={want}");
             assert!(text.lines().any(|l| l.trim() == line), "{line} not in the options");
         }
+    }
+
+    /// RocksDB's own text of a write-stall property is read: both totals are found, and a
+    /// name that is only part of another's is not taken for it.
+    #[test]
+    fn stall_counts_are_read_from_rocksdbs_text() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = open(dir.path(), None).expect("open");
+        let jobs = cf(&db, Cf::Jobs.name()).expect("cf");
+        let text = db.property_value_cf(jobs, CF_WRITE_STALL_STATS).expect("read").expect("some");
+        assert_eq!(stall_count(&text, "total-stops"), Some(0), "{text}");
+        assert_eq!(stall_count(&text, "total-delays"), Some(0), "{text}");
+        assert_eq!(stall_count(&text, "stops"), None, "{text}");
+        let db_text = db.property_value(DB_WRITE_STALL_STATS).expect("read").expect("some");
+        assert_eq!(stall_count(&db_text, "write-buffer-manager-limit-stops"), Some(0), "{db_text}");
+        let made =
+            "Write Stall (count): memtable-limit-stops: 4, total-delays: 2, total-stops: 7\n";
+        assert_eq!(stall_count(made, "total-stops"), Some(7));
+        assert_eq!(stall_count(made, "total-delays"), Some(2));
+    }
+
+    /// A write stop is seen while it lasts and counted after it: level 0's limits are lowered
+    /// below the three files it holds, then set back. No write is made meanwhile: it would
+    /// wait for the stop to end. (RocksDB enforces level 0's limits only with automatic
+    /// compactions on; its compaction trigger is raised so that none starts.)
+    #[test]
+    fn a_write_stop_is_seen_while_it_lasts_and_counted_after_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = open(dir.path(), None).expect("open");
+        assert_eq!(write_stalls(&db).expect("read"), WriteStalls::default());
+        let jobs = cf(&db, Cf::Jobs.name()).expect("cf");
+        for key in [b"a", b"b", b"c"] {
+            put(&db, Cf::Jobs, &[key]);
+            db.flush_cf(jobs).expect("flush");
+        }
+        let level0 = |compact: &str, slowdown: &str, stop: &str| {
+            let options = [
+                ("level0_file_num_compaction_trigger", compact),
+                ("level0_slowdown_writes_trigger", slowdown),
+                ("level0_stop_writes_trigger", stop),
+            ];
+            db.set_options_cf(jobs, &options).expect("set");
+        };
+        level0("10", "2", "3");
+        let during = write_stalls(&db).expect("read");
+        assert!(during.stopped, "{during:?}");
+        assert!(during.stops >= 1, "{during:?}");
+        level0("4", "20", "36");
+        let after = write_stalls(&db).expect("read");
+        assert!(!after.stopped, "{after:?}");
+        assert!(after.stops >= during.stops, "{after:?} after {during:?}");
     }
 
     /// Nodes 1 to 4 flush at budgets a step apart; ids further on take the same steps again.

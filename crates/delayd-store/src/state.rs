@@ -16,8 +16,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::apply_cache::{self, ApplyCache, ApplyView, Change};
 use crate::db::{
-    self, meta_key, Db, ReadView, StorageSizes, CF_RAFT_META, SM_LAST_APPLIED, SM_MEMBERSHIP,
-    SM_RESERVED_PREFIX,
+    self, meta_key, Db, ReadView, StorageSizes, WriteStalls, CF_RAFT_META, SM_LAST_APPLIED,
+    SM_MEMBERSHIP, SM_RESERVED_PREFIX,
 };
 use crate::error::StoreError;
 use crate::metrics::{since, StoreMetrics};
@@ -576,6 +576,11 @@ impl StateReader {
     /// How much space the database takes now (RocksDB properties, cheap to read).
     pub fn storage_sizes(&self) -> Result<StorageSizes, StoreError> {
         db::sizes(&self.shared.db)
+    }
+
+    /// How RocksDB has held back this node's writes; see [`WriteStalls`].
+    pub fn write_stalls(&self) -> Result<WriteStalls, StoreError> {
+        db::write_stalls(&self.shared.db)
     }
 
     /// Sets the apply listener; see [`StateMachineStore::set_listener`].
