@@ -116,8 +116,8 @@ fn fdatasync(dir: &Path) -> Result<f64> {
 
 /// Processes that keep cores busy for as long as this value lives (`--cpu-hogs`): a machine
 /// whose other work holds the cores, as on a host shared with other services or a build. Each
-/// is a shell spinning in an empty loop at the default priority, outside every system's
-/// measured processes and the bench's own.
+/// is a shell spinning in an empty loop at the bench's own priority (the default, unless the
+/// bench was started niced), outside every system's measured processes and the bench's own.
 pub struct CpuHogs(Vec<Child>);
 
 impl CpuHogs {

@@ -189,10 +189,10 @@ struct Args {
     /// runs and that no job is delivered early; no timing is judged.
     #[arg(long)]
     smoke: bool,
-    /// Keep this many processes spinning at the default CPU priority while every system runs:
-    /// a machine whose cores other work holds, as a host shared with other services or a
-    /// build does. The peers run under the same load, and the machine is read before they
-    /// start.
+    /// Keep this many processes spinning at the bench's own CPU priority (the default, unless
+    /// the bench was started niced) while every system runs: a machine whose cores other work
+    /// holds, as a host shared with other services or a build does. The peers run under the
+    /// same load, and the machine is read before they start.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     cpu_hogs: u64,
     /// Send every client to the leader instead of spreading them over the nodes: how clients

@@ -376,7 +376,8 @@ impl Metrics {
             rocksdb_write_stalls: b.counter(
                 "delayd_rocksdb_write_stalls_total",
                 "Times RocksDB found a limit reached that stops (stop) or slows down (delay) \
-                 this node's writes: unflushed memtables, level-0 files, compaction backlog.",
+                 this node's writes (unflushed memtables, level-0 files, compaction backlog): \
+                 the largest count of any column family.",
                 &["kind"],
             )?,
             filesystem_available: b.gauge(

@@ -109,10 +109,10 @@ pub(crate) fn open(path: &Path, node: Option<u64>) -> Result<Db, StoreError> {
     // are full, and starving a flush then stops every write of the node. Its own load cannot
     // starve it for long (stalled writes free the cores), but other processes' load can: with
     // two processes spinning beside a node, a flush at nice 19 gets some 1/70 of a core, bulk
-    // publishes met flushes of 2.6–4.5 s and writes stopped until they were answered 503 "not
-    // committed within 5 s", while at normal priority the same runs never stopped
-    // (docs/bench/consume-path.md). Timed in pairs without such load, flushes at normal
-    // priority left the timer's lateness where it was.
+    // publishes met flushes of up to 4.5 s and writes stopped until they were answered 503
+    // "not committed within 5 s", while at normal priority the same runs never stopped
+    // (docs/bench/consume-path.md). Timed in four pairs without such load, in a drifting
+    // hour, flushes at normal priority showed no loss in the timer's lateness.
     //
     // The setting is RocksDB's process-wide default environment's, so every database of the
     // process (the tests' in-process clusters) shares it.
@@ -367,28 +367,32 @@ pub struct WriteStalls {
     /// Every write of the node is stopped right now (`rocksdb.is-write-stopped`).
     pub stopped: bool,
     /// Times RocksDB found a limit reached that stops writes: a column family with as many
-    /// unflushed memtables as it may hold, or level 0 with as many files (it checks after
-    /// each flush, compaction and memtable switch), summed over the column families.
+    /// unflushed memtables as it may hold, or level 0 with as many files. It checks a column
+    /// family after each of its flushes, compactions and memtable switches and counts per
+    /// column family; with atomic flushes one stop is found in every column family holding
+    /// data, so this is the largest count of any one (a sum would count one stop a dozen
+    /// times), and a stop that lasts across several checks counts once for each.
     pub stops: u64,
     /// Times it found a limit reached that slows writes down (level 0's files or the
     /// compactions' backlog over their soft limits), counted the same way.
     pub delays: u64,
 }
 
-/// Reads [`WriteStalls`]: RocksDB's write-stall counts of every column family, and the
-/// database's own (stops for the shared memtable budget, which stays 0 while that budget only
+/// Reads [`WriteStalls`]: the largest of RocksDB's write-stall counts over the column
+/// families and the database's own (stops for the shared memtable budget, which stays 0 while that budget only
 /// triggers flushes, as `open` sets it).
 pub(crate) fn write_stalls(db: &Db) -> Result<WriteStalls, StoreError> {
     let stopped = db.property_int_value(rocksdb::properties::IS_WRITE_STOPPED)?.unwrap_or(0) != 0;
     let mut stalls = WriteStalls { stopped, ..WriteStalls::default() };
     // The database's own count has no totals: its one cause is the shared memtable budget.
     let text = db.property_value(DB_WRITE_STALL_STATS)?.unwrap_or_default();
-    stalls.stops += stall_count(&text, "write-buffer-manager-limit-stops").unwrap_or(0);
+    stalls.stops = stall_count(&text, "write-buffer-manager-limit-stops").unwrap_or(0);
     let names = [CF_LOG, CF_RAFT_META].into_iter().chain(Cf::ALL.iter().map(|cf| cf.name()));
     for name in names {
         let text = db.property_value_cf(cf(db, name)?, CF_WRITE_STALL_STATS)?.unwrap_or_default();
-        stalls.stops += stall_count(&text, "total-stops").unwrap_or(0);
-        stalls.delays += stall_count(&text, "total-delays").unwrap_or(0);
+        // Each count only grows, so their largest does too: a counter can follow it.
+        stalls.stops = stalls.stops.max(stall_count(&text, "total-stops").unwrap_or(0));
+        stalls.delays = stalls.delays.max(stall_count(&text, "total-delays").unwrap_or(0));
     }
     Ok(stalls)
 }
@@ -554,7 +558,7 @@ mod tests {
     }
 
     /// Compactions run below the foreground's CPU priority and flushes at it: once a flush
-    /// and a compaction are done, the flush threads are at the process's own nice value and a
+    /// and a compaction are done, the flush threads are at the nice value the test runs at and a
     /// compaction thread is at nice 19 (RocksDB lowers a pool thread's priority as it takes its
     /// next job, so a compaction thread that has not run one yet is still at the default).
     #[cfg(target_os = "linux")]
