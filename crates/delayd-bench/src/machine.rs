@@ -173,13 +173,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn cpu_hogs_spin_while_they_live_and_stop_with_the_guard() {
-        let ticks = |pid: u32| -> Option<u64> {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let after_name = &stat[stat.rfind(')')? + 1..];
-            // utime and stime: the 14th and 15th fields, the 12th and 13th after the name.
-            let f: Vec<&str> = after_name.split_whitespace().collect();
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        };
+        let ticks = |pid: u32| crate::procstat::cpu_ticks(&pid.to_string());
         let hogs = CpuHogs::start(2).expect("start");
         assert_eq!(hogs.0.len(), 2);
         let pids: Vec<u32> = hogs.0.iter().map(Child::id).collect();

@@ -209,7 +209,7 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     if let Some(hogs) = meta["cpu_hogs"].as_u64().filter(|n| *n > 0) {
         let _ = writeln!(
             md,
-            "Every system ran beside {hogs} processes spinning at the default CPU priority \
+            "Every system ran beside {hogs} processes spinning at the bench's own CPU priority \
              (`--cpu-hogs`): cores held by other work.\n"
         );
     }

@@ -340,8 +340,7 @@ pub struct StorageSizes {
 /// of the WAL files (RocksDB has no property for their size).
 pub(crate) fn sizes(db: &Db) -> Result<StorageSizes, StoreError> {
     let mut sizes = StorageSizes::default();
-    let names = [CF_LOG, CF_RAFT_META].into_iter().chain(Cf::ALL.iter().map(|cf| cf.name()));
-    for name in names {
+    for name in every_cf_name() {
         let handle = cf(db, name)?;
         let int = |p| db.property_int_value_cf(handle, p).map(Option::unwrap_or_default);
         sizes.sst_bytes += int(rocksdb::properties::TOTAL_SST_FILES_SIZE)?;
@@ -357,6 +356,11 @@ pub(crate) fn sizes(db: &Db) -> Result<StorageSizes, StoreError> {
         }
     }
     Ok(sizes)
+}
+
+/// Every column family of the database: the log's, the vote's and the state machine's.
+fn every_cf_name() -> impl Iterator<Item = &'static str> {
+    [CF_LOG, CF_RAFT_META].into_iter().chain(Cf::ALL.iter().map(|cf| cf.name()))
 }
 
 /// How RocksDB has held back this node's writes since the database was opened, as it
@@ -387,8 +391,7 @@ pub(crate) fn write_stalls(db: &Db) -> Result<WriteStalls, StoreError> {
     // The database's own count has no totals: its one cause is the shared memtable budget.
     let text = db.property_value(DB_WRITE_STALL_STATS)?.unwrap_or_default();
     stalls.stops = stall_count(&text, "write-buffer-manager-limit-stops").unwrap_or(0);
-    let names = [CF_LOG, CF_RAFT_META].into_iter().chain(Cf::ALL.iter().map(|cf| cf.name()));
-    for name in names {
+    for name in every_cf_name() {
         let text = db.property_value_cf(cf(db, name)?, CF_WRITE_STALL_STATS)?.unwrap_or_default();
         // Each count only grows, so their largest does too: a counter can follow it.
         stalls.stops = stalls.stops.max(stall_count(&text, "total-stops").unwrap_or(0));
