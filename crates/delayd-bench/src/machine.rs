@@ -116,17 +116,27 @@ fn fdatasync(dir: &Path) -> Result<f64> {
 
 /// Processes that keep cores busy for as long as this value lives (`--cpu-hogs`): a machine
 /// whose other work holds the cores, as on a host shared with other services or a build. Each
-/// is a shell spinning in an empty loop at the bench's own priority (the default, unless the
-/// bench was started niced), outside every system's measured processes and the bench's own.
+/// is a shell spinning in a loop at the bench's own priority (the default, unless the bench
+/// was started niced), outside every system's measured processes and the bench's own.
+///
+/// Each loop also ends by itself once the bench's process is gone: a bench killed with
+/// SIGKILL runs no `Drop`, and hogs left spinning would skew every later run on the machine.
+/// The check is `kill -0`, a shell builtin: one system call a turn, no fork.
 pub struct CpuHogs(Vec<Child>);
 
 impl CpuHogs {
-    /// Starts `n` of them.
+    /// Starts `n` of them, each spinning while this process lives.
     pub fn start(n: u64) -> Result<CpuHogs> {
+        CpuHogs::start_while_alive(n, std::process::id())
+    }
+
+    /// Starts `n` of them, each spinning while process `pid` exists.
+    fn start_while_alive(n: u64, pid: u32) -> Result<CpuHogs> {
         let mut hogs = CpuHogs(Vec::new());
+        let script = format!("while kill -0 {pid}; do :; done 2>/dev/null");
         for _ in 0..n {
             let child = Command::new("sh")
-                .args(["-c", "while :; do :; done"])
+                .args(["-c", &script])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .spawn()
@@ -190,6 +200,25 @@ mod tests {
         for pid in pids {
             // Reaped by the guard: the process no longer exists.
             assert!(ticks(pid).is_none(), "hog {pid} still runs after the guard was dropped");
+        }
+    }
+
+    /// A hog stops by itself once the process it was started beside is gone, though its
+    /// guard still lives (as when the bench is killed with SIGKILL and runs no `Drop`).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cpu_hogs_stop_once_the_process_they_serve_is_gone() {
+        let mut watched = Command::new("sleep").arg("0.3").spawn().unwrap();
+        let mut hogs = CpuHogs::start_while_alive(1, watched.id()).unwrap();
+        watched.wait().unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Some(status) = hogs.0[0].try_wait().unwrap() {
+                assert!(status.success(), "{status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the hog still spins 30 s after its process ended");
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
 }

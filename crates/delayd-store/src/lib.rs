@@ -235,7 +235,7 @@ where
 }
 
 /// Runs long blocking storage work (building a snapshot) on a thread of its own named `name`,
-/// at the lowest CPU priority (nice 19), as RocksDB's compactions run.
+/// at the lowest CPU priority (nice 19).
 ///
 /// A snapshot build reads and writes the whole state: some 3–4 µs of CPU per stored job on
 /// each node (0.3–0.4 s for 88,000 jobs), and every node reaches the snapshot's log index, and
