@@ -110,8 +110,9 @@ pub(crate) fn open(path: &Path, node: Option<u64>) -> Result<Db, StoreError> {
     // publishing up to ten million jobs beside three spinning processes had level 0 of their
     // log and state fill up behind compactions at nice 19, their writes slowed and stopped, and
     // 2,778 bulk publishes were answered 503; at nice 10 the same run went through at 27,077
-    // jobs/s (docs/bench/consume-path.md). RocksDB's own call (in the Rust bindings) puts a pool only
-    // at nice 19, so `open` sets the threads' priority itself (`lower_compaction_threads`).
+    // jobs/s (docs/bench/consume-path.md). RocksDB's own call (in the Rust bindings) puts a
+    // pool only at nice 19, so `open` sets the threads' priority itself
+    // (`lower_compaction_threads`).
     //
     // Flushes keep the normal priority. A write waits for a flush as soon as the memtables
     // are full, and starving a flush then stops every write of the node. Its own load cannot
@@ -198,34 +199,21 @@ pub(crate) const COMPACTION_NICE_STEPS: i32 = 10;
 fn lower_compaction_threads() {
     #[cfg(target_os = "linux")]
     {
-        use rustix::process::{getpid, getpriority_process, setpriority_process, Pid};
+        use rustix::process::{getpid, getpriority_process, setpriority_process};
         let own = getpriority_process(Some(getpid())).unwrap_or(0);
         let nice = (own + COMPACTION_NICE_STEPS).min(19);
-        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-            tracing::warn!("cannot list this process's threads: compactions keep its priority");
-            return;
-        };
-        let mut found = 0;
-        for task in tasks.flatten() {
-            let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            if name.trim_end() != "rocksdb:low" {
-                continue;
-            }
-            found += 1;
-            let tid =
-                task.file_name().to_str().and_then(|t| t.parse().ok()).and_then(Pid::from_raw);
-            if let Some(tid) = tid {
-                if let Err(e) = setpriority_process(Some(tid), nice) {
-                    tracing::warn!(error = %e, "cannot lower a compaction thread's CPU priority");
-                }
-            }
-        }
+        let threads = crate::threads_named("rocksdb:low").unwrap_or_default();
         // RocksDB names its pool threads only where the C library lets it (glibc): elsewhere
-        // nothing matches, and compactions silently keep the node's priority.
-        if found == 0 {
+        // nothing matches, and compactions would silently keep the node's priority.
+        if threads.is_empty() {
             tracing::warn!(
                 "no RocksDB compaction thread found: compactions keep the node's priority"
             );
+        }
+        for tid in threads {
+            if let Err(e) = setpriority_process(Some(tid), nice) {
+                tracing::warn!(error = %e, "cannot lower a compaction thread's CPU priority");
+            }
         }
     }
 }
@@ -435,8 +423,8 @@ pub struct WriteStalls {
 }
 
 /// Reads [`WriteStalls`]: the largest of RocksDB's write-stall counts over the column
-/// families and the database's own (stops for the shared memtable budget, which stays 0 while that budget only
-/// triggers flushes, as `open` sets it).
+/// families and the database's own (stops for the shared memtable budget, which stays 0 while
+/// that budget only triggers flushes, as `open` sets it).
 pub(crate) fn write_stalls(db: &Db) -> Result<WriteStalls, StoreError> {
     let stopped = db.property_int_value(rocksdb::properties::IS_WRITE_STOPPED)?.unwrap_or(0) != 0;
     let mut stalls = WriteStalls { stopped, ..WriteStalls::default() };
@@ -620,9 +608,9 @@ mod tests {
     }
 
     /// Compactions run [`COMPACTION_NICE_STEPS`] below the process's CPU priority (at most
-    /// nice 19) and flushes at it: once a flush and a compaction are done (so that RocksDB has had every
-    /// chance to set a thread's priority itself), the flush threads are at the nice value the
-    /// test runs at and every compaction thread that many steps below.
+    /// nice 19) and flushes at it: once a flush and a compaction are done (so that RocksDB has
+    /// had every chance to set a thread's priority itself), the flush threads are at the nice
+    /// value the test runs at and every compaction thread that many steps below.
     #[cfg(target_os = "linux")]
     #[test]
     fn compactions_run_ten_steps_below_the_process_and_flushes_at_its_priority() {

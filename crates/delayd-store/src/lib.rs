@@ -272,6 +272,20 @@ fn lower_this_threads_priority() {
     }
 }
 
+/// This process's threads named `name` (the name Linux keeps in `/proc/self/task/*/comm`),
+/// or `None` when the list cannot be read.
+#[cfg(target_os = "linux")]
+pub(crate) fn threads_named(name: &str) -> Option<Vec<rustix::process::Pid>> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    let named = |task: &std::fs::DirEntry| {
+        std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+    };
+    let tid = |task: std::fs::DirEntry| {
+        task.file_name().to_str()?.parse().ok().and_then(rustix::process::Pid::from_raw)
+    };
+    Some(tasks.flatten().filter(named).filter_map(tid).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,24 +352,13 @@ mod tests {
     /// The nice values of this process's threads named `name`.
     #[cfg(target_os = "linux")]
     pub(crate) fn nice_of(name: &str) -> Vec<i32> {
-        let mut nice = Vec::new();
-        for task in std::fs::read_dir("/proc/self/task").expect("tasks").flatten() {
-            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            if comm.trim() != name {
-                continue;
-            }
-            // A thread can end between the listing and this read (a snapshot build's does, while
-            // a test watches for it): it has no nice value left to report.
-            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-                continue;
-            };
-            // Fields after the parenthesised name start with the third (state); nice is the
-            // nineteenth.
-            let after_name = &stat[stat.rfind(')').expect("name") + 1..];
-            let field = after_name.split_whitespace().nth(16).expect("nice");
-            nice.push(field.parse::<i32>().expect("a number"));
-        }
-        nice
+        let threads = threads_named(name).expect("tasks");
+        // A thread can end between the listing and this read (a snapshot build's does, while
+        // a test watches for it): it has no nice value left to report.
+        threads
+            .into_iter()
+            .filter_map(|t| rustix::process::getpriority_process(Some(t)).ok())
+            .collect()
     }
 
     /// The CPU priority of the calling thread, as Linux keeps it.
