@@ -5,7 +5,8 @@
 //!
 //! Every process the bench starts is owned by a guard whose `Drop` kills it (`kill -9`) and
 //! reaps it, so an error, a panic or Ctrl-C (which drops the running future) never leaves a
-//! node behind. Waiting is bounded polling of `/health`, never a fixed sleep.
+//! node behind; a bench killed outright, which runs no `Drop`, leaves none either (see
+//! [`Proc`]). Waiting is bounded polling of `/health`, never a fixed sleep.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -19,14 +20,30 @@ use serde_json::Value;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A child process that is killed and reaped when the guard is dropped.
+///
+/// A bench killed outright (SIGKILL, or SIGTERM, which it does not catch) runs no `Drop`, and
+/// nodes and peers left running would hold ports, disk and cores under every later run on
+/// the machine. So each child has a watcher beside it: a shell that checks once a second
+/// that the bench and the child are both there (`kill -0`, a builtin) and kills the child
+/// once the bench is gone. (The kernel's parent-death signal would need `pre_exec`, which is
+/// `unsafe`, and the workspace forbids that.) The watcher ends by itself once the child has
+/// been reaped, and `Drop` stops it before the child, so it never outlives a pid it
+/// watches by more than a second.
 pub struct Proc {
     child: Option<Child>,
+    watcher: Option<Child>,
     log: PathBuf,
 }
 
 impl Proc {
     /// Spawns `bin args...` with stdout and stderr appended to `log`.
     pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        Proc::spawn_while_alive(bin, args, log, std::process::id())
+    }
+
+    /// [`Proc::spawn`], the child killed once process `pid` is gone (the bench itself but in
+    /// tests).
+    fn spawn_while_alive(bin: &Path, args: &[String], log: &Path, pid: u32) -> Result<Proc> {
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
         let child = Command::new(bin)
             .args(args)
@@ -36,7 +53,24 @@ impl Proc {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("spawn {}", bin.display()))?;
-        Ok(Proc { child: Some(child), log: log.to_path_buf() })
+        let watched = child.id();
+        let mut proc = Proc { child: Some(child), watcher: None, log: log.to_path_buf() };
+        // A child that exits stays a zombie, which `kill -0` still finds, until the bench
+        // reaps it: its pid cannot be reused while the watcher may still kill it.
+        let script = format!(
+            "while kill -0 {pid} && kill -0 {watched}; do sleep 1; done 2>/dev/null; \
+             kill -0 {pid} 2>/dev/null || kill -9 {watched} 2>/dev/null"
+        );
+        // On an error the guard kills the child it already started (Drop).
+        proc.watcher = Some(
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .context("cannot start a process watcher (sh)")?,
+        );
+        Ok(proc)
     }
 
     /// The process id, if it is still ours.
@@ -44,9 +78,10 @@ impl Proc {
         self.child.as_ref().map(Child::id)
     }
 
-    /// `kill -9` and reap.
+    /// `kill -9` and reap, the watcher first.
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
+        for mut c in [self.watcher.take(), self.child.take()].into_iter().flatten() {
+            // Already gone is fine; nothing else can be done about a failure here.
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -57,6 +92,10 @@ impl Proc {
         if let Some(c) = self.child.as_mut() {
             if let Some(status) = c.try_wait()? {
                 self.child = None;
+                if let Some(mut w) = self.watcher.take() {
+                    let _ = w.kill();
+                    let _ = w.wait();
+                }
                 bail!("process exited with {status}; log tail:\n{}", self.log_tail());
             }
         }
@@ -413,5 +452,51 @@ pub fn default_bin() -> PathBuf {
         cwd_release
     } else {
         PathBuf::from("target/debug/delayd")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A child runs while the process it serves lives, and is killed once that process is
+    /// gone though its guard still lives (as when the bench is killed outright and runs no
+    /// `Drop`); its watcher ends with it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn children_are_killed_once_the_bench_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bench = Command::new("sleep").arg("600").spawn().unwrap();
+        let args = ["600".to_string()];
+        let log = dir.path().join("log");
+        let mut proc =
+            Proc::spawn_while_alive(Path::new("sleep"), &args, &log, bench.id()).unwrap();
+        let alive = |c: &mut Option<Child>| c.as_mut().unwrap().try_wait().unwrap().is_none();
+        assert!(alive(&mut proc.child) && alive(&mut proc.watcher));
+        bench.kill().unwrap();
+        bench.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while alive(&mut proc.child) || alive(&mut proc.watcher) {
+            assert!(Instant::now() < deadline, "the child outlived the bench by 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// While the bench lives, a watcher whose child exited and was reaped ends by itself
+    /// (its guard's `Drop` would stop it too, but the guard can live on).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_watcher_ends_once_its_child_is_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut proc = Proc::spawn(Path::new("true"), &[], &dir.path().join("log")).unwrap();
+        proc.child.as_mut().unwrap().wait().unwrap();
+        let watcher = proc.watcher.as_mut().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while watcher.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the watcher outlived its child by 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
