@@ -23,12 +23,13 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 ///
 /// A bench killed outright (SIGKILL, or SIGTERM, which it does not catch) runs no `Drop`, and
 /// nodes and peers left running would hold ports, disk and cores under every later run on
-/// the machine. So each child has a watcher beside it: a shell that checks once a second
-/// that the bench and the child are both there (`kill -0`, a builtin) and kills the child
-/// once the bench is gone. (The kernel's parent-death signal would need `pre_exec`, which is
-/// `unsafe`, and the workspace forbids that.) The watcher ends by itself once the child has
-/// been reaped, and `Drop` stops it before the child, so it never outlives a pid it
-/// watches by more than a second.
+/// the machine. So each child has a watcher beside it: a shell blocked reading a pipe whose
+/// only writing end the guard holds. Whenever the bench's process ends, however, the kernel
+/// closes that end, the read returns, and the shell kills the child at once (the end is
+/// close-on-exec, so no other process the bench starts holds it open). Nothing polls. (The
+/// kernel's parent-death signal would need `pre_exec`, which is `unsafe`, and the workspace
+/// forbids that.) While the bench lives the watcher does nothing, and the guard stops it
+/// whenever it kills or reaps the child.
 pub struct Proc {
     child: Option<Child>,
     watcher: Option<Child>,
@@ -38,12 +39,6 @@ pub struct Proc {
 impl Proc {
     /// Spawns `bin args...` with stdout and stderr appended to `log`.
     pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Proc> {
-        Proc::spawn_while_alive(bin, args, log, std::process::id())
-    }
-
-    /// [`Proc::spawn`], the child killed once process `pid` is gone (the bench itself but in
-    /// tests).
-    fn spawn_while_alive(bin: &Path, args: &[String], log: &Path, pid: u32) -> Result<Proc> {
         let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
         let child = Command::new(bin)
             .args(args)
@@ -53,19 +48,13 @@ impl Proc {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("spawn {}", bin.display()))?;
-        let watched = child.id();
+        let script = format!("read _; kill -9 {} 2>/dev/null", child.id());
         let mut proc = Proc { child: Some(child), watcher: None, log: log.to_path_buf() };
-        // A child that exits stays a zombie, which `kill -0` still finds, until the bench
-        // reaps it: its pid cannot be reused while the watcher may still kill it.
-        let script = format!(
-            "while kill -0 {pid} && kill -0 {watched}; do sleep 1; done 2>/dev/null; \
-             kill -0 {pid} 2>/dev/null || kill -9 {watched} 2>/dev/null"
-        );
         // On an error the guard kills the child it already started (Drop).
         proc.watcher = Some(
             Command::new("sh")
                 .args(["-c", &script])
-                .stdin(Stdio::null())
+                .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .spawn()
                 .context("cannot start a process watcher (sh)")?,
@@ -92,6 +81,7 @@ impl Proc {
         if let Some(c) = self.child.as_mut() {
             if let Some(status) = c.try_wait()? {
                 self.child = None;
+                // Reaped, so the pid may be reused: the watcher must go before the bench can.
                 if let Some(mut w) = self.watcher.take() {
                     let _ = w.kill();
                     let _ = w.wait();
@@ -461,42 +451,55 @@ mod tests {
 
     use super::*;
 
-    /// A child runs while the process it serves lives, and is killed once that process is
-    /// gone though its guard still lives (as when the bench is killed outright and runs no
-    /// `Drop`); its watcher ends with it.
+    /// The watcher waits while the bench lives, and once the bench's end of its pipe closes
+    /// (as the kernel closes it when the bench dies, however) it kills the child and ends.
     #[cfg(target_os = "linux")]
     #[test]
     fn children_are_killed_once_the_bench_is_gone() {
         let dir = tempfile::tempdir().unwrap();
-        let mut bench = Command::new("sleep").arg("600").spawn().unwrap();
         let args = ["600".to_string()];
-        let log = dir.path().join("log");
-        let mut proc =
-            Proc::spawn_while_alive(Path::new("sleep"), &args, &log, bench.id()).unwrap();
-        let alive = |c: &mut Option<Child>| c.as_mut().unwrap().try_wait().unwrap().is_none();
-        assert!(alive(&mut proc.child) && alive(&mut proc.watcher));
-        bench.kill().unwrap();
-        bench.wait().unwrap();
+        let mut proc = Proc::spawn(Path::new("sleep"), &args, &dir.path().join("log")).unwrap();
+        let watcher = proc.watcher.as_ref().unwrap().id();
+        // The watcher is waiting once its shell is blocked (state S) with its pipe open: a
+        // watcher that killed at once would have ended instead.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while alive(&mut proc.child) || alive(&mut proc.watcher) {
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{watcher}/stat")).unwrap();
+            let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
+            let comm = std::fs::read_to_string(format!("/proc/{watcher}/comm")).unwrap();
+            if state == "S" && comm.trim() == "sh" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the watcher did not settle in 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let alive = |c: &mut Option<Child>| c.as_mut().unwrap().try_wait().unwrap().is_none();
+        assert!(alive(&mut proc.child), "the child was killed while the bench lived");
+        assert!(alive(&mut proc.watcher), "the watcher ended while the bench lived");
+        // What the kernel does to the bench's end of the pipe when the bench dies.
+        drop(proc.watcher.as_mut().unwrap().stdin.take());
+        while alive(&mut proc.child) {
             assert!(Instant::now() < deadline, "the child outlived the bench by 30 s");
             std::thread::sleep(Duration::from_millis(10));
         }
+        let status = proc.watcher.as_mut().unwrap().wait().unwrap();
+        assert!(status.success(), "the watcher's kill failed: {status}");
     }
 
-    /// While the bench lives, a watcher whose child exited and was reaped ends by itself
-    /// (its guard's `Drop` would stop it too, but the guard can live on).
+    /// A child that exits by itself is reaped with its watcher.
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_watcher_ends_once_its_child_is_reaped() {
+    fn a_watcher_goes_with_a_child_that_exited() {
         let dir = tempfile::tempdir().unwrap();
         let mut proc = Proc::spawn(Path::new("true"), &[], &dir.path().join("log")).unwrap();
-        proc.child.as_mut().unwrap().wait().unwrap();
-        let watcher = proc.watcher.as_mut().unwrap();
+        let watcher = proc.watcher.as_ref().unwrap().id();
         let deadline = Instant::now() + Duration::from_secs(30);
-        while watcher.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "the watcher outlived its child by 30 s");
+        while proc.check_alive().is_ok() {
+            assert!(Instant::now() < deadline, "`true` ran for 30 s");
             std::thread::sleep(Duration::from_millis(10));
         }
+        assert!(proc.child.is_none() && proc.watcher.is_none());
+        // Killed and reaped: its process is gone.
+        assert!(!Path::new(&format!("/proc/{watcher}")).exists());
     }
 }
