@@ -69,11 +69,8 @@ impl Proc {
 
     /// `kill -9` and reap, the watcher first.
     pub fn kill9(&mut self) {
-        for mut c in [self.watcher.take(), self.child.take()].into_iter().flatten() {
-            // Already gone is fine; nothing else can be done about a failure here.
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        stop(self.watcher.take());
+        stop(self.child.take());
     }
 
     /// Fails, with the end of its log, if the process has exited.
@@ -82,14 +79,19 @@ impl Proc {
             if let Some(status) = c.try_wait()? {
                 self.child = None;
                 // Reaped, so the pid may be reused: the watcher must go before the bench can.
-                if let Some(mut w) = self.watcher.take() {
-                    let _ = w.kill();
-                    let _ = w.wait();
-                }
+                stop(self.watcher.take());
                 bail!("process exited with {status}; log tail:\n{}", self.log_tail());
             }
         }
         Ok(())
+    }
+
+    /// What the kernel does when the bench dies: closes the bench's end of the watcher's pipe.
+    #[cfg(test)]
+    pub(crate) fn as_if_the_bench_died(&mut self) {
+        if let Some(w) = self.watcher.as_mut() {
+            drop(w.stdin.take());
+        }
     }
 
     /// The last lines of the process's log.
@@ -97,6 +99,15 @@ impl Proc {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+/// `kill -9` and reap `child`, if any. Already gone is fine; nothing else can be done about a
+/// failure here.
+fn stop(child: Option<Child>) {
+    if let Some(mut c) = child {
+        let _ = c.kill();
+        let _ = c.wait();
     }
 }
 
@@ -476,8 +487,7 @@ mod tests {
         let alive = |c: &mut Option<Child>| c.as_mut().unwrap().try_wait().unwrap().is_none();
         assert!(alive(&mut proc.child), "the child was killed while the bench lived");
         assert!(alive(&mut proc.watcher), "the watcher ended while the bench lived");
-        // What the kernel does to the bench's end of the pipe when the bench dies.
-        drop(proc.watcher.as_mut().unwrap().stdin.take());
+        proc.as_if_the_bench_died();
         while alive(&mut proc.child) {
             assert!(Instant::now() < deadline, "the child outlived the bench by 30 s");
             std::thread::sleep(Duration::from_millis(10));

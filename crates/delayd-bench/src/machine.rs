@@ -10,7 +10,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -18,6 +17,7 @@ use anyhow::{Context, Result};
 use delayd_percentiles::MillisRecorder;
 use serde::Serialize;
 
+use crate::cluster::Proc;
 use crate::stats::ms_since;
 
 /// Rounds of the compute loop: about 0.1 s on a current server core.
@@ -116,47 +116,26 @@ fn fdatasync(dir: &Path) -> Result<f64> {
 
 /// Processes that keep cores busy for as long as this value lives (`--cpu-hogs`): a machine
 /// whose other work holds the cores, as on a host shared with other services or a build. Each
-/// is a shell spinning in a loop at the bench's own priority (the default, unless the bench
-/// was started niced), outside every system's measured processes and the bench's own.
+/// is a shell spinning in an empty loop at the bench's own priority (the default, unless the
+/// bench was started niced), outside every system's measured processes and the bench's own.
 ///
-/// Each loop also ends by itself once the bench's process is gone: a bench killed outright
-/// (SIGKILL, or SIGTERM, which it does not catch) runs no `Drop`, and hogs left spinning
-/// would skew every later run on the machine. A bench that has died but not yet been reaped
-/// by its parent still counts as there.
-/// The check is `kill -0`, a shell builtin: one system call a turn, no fork.
-pub struct CpuHogs(Vec<Child>);
-
-impl CpuHogs {
-    /// Starts `n` of them, each spinning while this process lives.
-    pub fn start(n: u64) -> Result<CpuHogs> {
-        CpuHogs::start_while_alive(n, std::process::id())
-    }
-
-    /// Starts `n` of them, each spinning while process `pid` exists.
-    fn start_while_alive(n: u64, pid: u32) -> Result<CpuHogs> {
-        let mut hogs = CpuHogs(Vec::new());
-        let script = format!("while kill -0 {pid}; do :; done 2>/dev/null");
-        for _ in 0..n {
-            let child = Command::new("sh")
-                .args(["-c", &script])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .context("cannot start a CPU hog (sh)")?;
-            // Pushed at once: an error starting the next still stops this one (Drop).
-            hogs.0.push(child);
-        }
-        Ok(hogs)
-    }
+/// Each is a [`Proc`], so it also ends once the bench's process is gone: a bench killed
+/// outright (SIGKILL, or SIGTERM, which it does not catch) runs no `Drop`, and hogs left
+/// spinning would skew every later run on the machine.
+pub struct CpuHogs {
+    /// Held for their `Drop`, which kills and reaps them.
+    _hogs: Vec<Proc>,
 }
 
-impl Drop for CpuHogs {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            // Already gone is fine; nothing else can be done about a failure here.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+impl CpuHogs {
+    /// Starts `n` of them.
+    pub fn start(n: u64) -> Result<CpuHogs> {
+        let args = ["-c".to_string(), "while :; do :; done".to_string()];
+        let hogs = (0..n)
+            .map(|_| Proc::spawn(Path::new("sh"), &args, Path::new("/dev/null")))
+            .collect::<Result<_>>()
+            .context("cannot start a CPU hog (sh)")?;
+        Ok(CpuHogs { _hogs: hogs })
     }
 }
 
@@ -187,8 +166,9 @@ mod tests {
     fn cpu_hogs_spin_while_they_live_and_stop_with_the_guard() {
         let ticks = |pid: u32| crate::procstat::cpu_ticks(&pid.to_string());
         let hogs = CpuHogs::start(2).expect("start");
-        assert_eq!(hogs.0.len(), 2);
-        let pids: Vec<u32> = hogs.0.iter().map(Child::id).collect();
+        assert_eq!(hogs._hogs.len(), 2);
+        let pids: Vec<u32> = hogs._hogs.iter().filter_map(Proc::pid).collect();
+        assert_eq!(pids.len(), 2);
         // A spinning process accrues CPU time; one clock tick (10 ms) of it is awaited, with
         // a deadline far beyond what a loaded machine needs.
         let deadline = Instant::now() + std::time::Duration::from_secs(30);
@@ -205,34 +185,25 @@ mod tests {
         }
     }
 
-    /// A hog spins while the process it was started beside lives, and stops by itself once
-    /// that process is gone, though its guard still lives (as when the bench is killed
-    /// outright and runs no `Drop`).
+    /// A hog spins while the bench lives, and stops by itself once the bench is gone, though
+    /// its guard still lives (as when the bench is killed outright and runs no `Drop`).
     #[cfg(target_os = "linux")]
     #[test]
     fn cpu_hogs_stop_once_the_process_they_serve_is_gone() {
-        let mut watched = Command::new("sleep").arg("600").spawn().unwrap();
-        let mut hogs = CpuHogs::start_while_alive(1, watched.id()).unwrap();
-        let hog = hogs.0[0].id().to_string();
+        let mut hogs = CpuHogs::start(1).unwrap();
+        let hog = &mut hogs._hogs[0];
+        let pid = hog.pid().unwrap().to_string();
         let deadline = Instant::now() + std::time::Duration::from_secs(30);
-        // Spinning, as long as the watched process lives: it has used CPU and not ended.
-        while crate::procstat::cpu_ticks(&hog).unwrap_or(0) == 0 {
-            assert!(
-                hogs.0[0].try_wait().unwrap().is_none(),
-                "the hog ended while its process lived"
-            );
+        // Spinning, as long as the bench lives: it has used CPU and not ended.
+        while crate::procstat::cpu_ticks(&pid).unwrap_or(0) == 0 {
+            assert!(hog.check_alive().is_ok(), "the hog ended while the bench lived");
             assert!(Instant::now() < deadline, "the hog used no CPU in 30 s");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert!(hogs.0[0].try_wait().unwrap().is_none(), "the hog ended while its process lived");
-        // Killed and reaped: `kill -0` now fails, and the hog's loop ends.
-        watched.kill().unwrap();
-        watched.wait().unwrap();
-        loop {
-            if hogs.0[0].try_wait().unwrap().is_some() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the hog still spins after its process ended");
+        assert!(hog.check_alive().is_ok(), "the hog ended while the bench lived");
+        hog.as_if_the_bench_died();
+        while hog.check_alive().is_ok() {
+            assert!(Instant::now() < deadline, "the hog still spins after the bench ended");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
