@@ -41,7 +41,9 @@ pub fn order(pair: usize) -> [char; 2] {
 #[derive(Debug, PartialEq, Serialize)]
 pub struct Pair {
     pub jobs_per_s: (f64, f64),
-    /// Server CPU per job, µs.
+    /// Server CPU per job, µs: over the workload and after it, until the work it left
+    /// behind was done (a change that only defers work to RocksDB's compactions does not
+    /// look cheaper).
     pub cpu_us_per_job: (f64, f64),
     /// The rows' p99 latency (or lateness), ms, when both have one.
     pub p99_ms: Option<(f64, f64)>,
@@ -87,10 +89,11 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
 }
 
-/// A row's jobs/s, CPU per job and p99 latency, when it has the first two and they can be
-/// divided by.
+/// A row's jobs/s, CPU per job (its after-figure included) and p99 latency, when it has the
+/// first two and they can be divided by.
 fn figures(r: &Row) -> Option<(f64, f64, Option<f64>)> {
-    let (jobs, cpu) = (r.jobs_per_s?, r.server_cpu_us_per_job?);
+    let jobs = r.jobs_per_s?;
+    let cpu = r.server_cpu_us_per_job? + r.after_cpu_us_per_job.unwrap_or(0.0);
     let p99 = r.latency_ms.map(|l| l.p99).filter(|p| *p > 0.0);
     (jobs > 0.0 && cpu > 0.0).then_some((jobs, cpu, p99))
 }
@@ -226,6 +229,20 @@ mod tests {
         assert!(table.starts_with("system"), "{table}");
         let line = super::table(std::slice::from_ref(c));
         assert!(line.contains("100 → 110/s, 50 → 40 µs, p99 5.0 → 4.0 ms; 100 → 90/s"), "{line}");
+    }
+
+    /// Work a row left behind counts in its CPU per job: B, which spent less during the row
+    /// but more after it, is not the cheaper side.
+    #[test]
+    fn cpu_per_job_counts_the_work_left_behind() {
+        let d = "delayd 1 node";
+        let mut a = row(&format!("{d} {}", label('A', 1)), "drain", 100.0, 50.0);
+        a.after_cpu_us_per_job = Some(2.0);
+        let mut b = row(&format!("{d} {}", label('B', 1)), "drain", 100.0, 40.0);
+        b.after_cpu_us_per_job = Some(20.0);
+        let c = compare(&[a, b]);
+        assert_eq!(c[0].pairs[0].cpu_us_per_job, (52.0, 60.0));
+        assert_eq!(c[0].b_cheaper, 0);
     }
 
     #[test]

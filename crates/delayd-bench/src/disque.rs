@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
+use crate::settle;
 use crate::stats::{join_all, ms_since, Budget, Row, Tally};
 use crate::workloads::{drain_row, Ctx, Drainer, BODY_BYTES};
 
@@ -111,6 +112,8 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
     for t in tasks {
         t.await??;
     }
+    // As the HTTP drains: the preload's flushes and compactions are not the drain's.
+    settle::until_idle(settle::DEADLINE, || settle::delayd_busy(&ctx.http, &ctx.nodes)).await?;
     ctx.cpu.restart();
     let conns = connect(ctx).await?;
     let acked = Arc::new(AtomicU64::new(0));

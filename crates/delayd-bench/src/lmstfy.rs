@@ -151,6 +151,15 @@ impl Server {
         self.proc.pid()
     }
 
+    /// Whether Redis is still doing work that writes left behind: an AOF rewrite (or an RDB
+    /// save) running in a child process or scheduled (`INFO persistence`). Redis starts one
+    /// on its own once the AOF has doubled since the last (`auto-aof-rewrite-percentage`).
+    pub async fn rewriting(&self) -> Result<Option<bool>> {
+        let mut con = self.connect().await?;
+        let info: String = redis::cmd("INFO").arg("persistence").query_async(&mut con).await?;
+        Ok(Some(rewriting(&info)))
+    }
+
     /// A connection of its own (a new TCP connection each call).
     async fn connect(&self) -> Result<MultiplexedConnection> {
         Ok(self.client.get_multiplexed_async_connection().await?)
@@ -164,6 +173,13 @@ impl Server {
         }
         Ok(conns)
     }
+}
+
+/// Whether an `INFO persistence` answer shows a child process at work or one scheduled.
+fn rewriting(info: &str) -> bool {
+    const BUSY: [&str; 3] =
+        ["aof_rewrite_in_progress:1", "aof_rewrite_scheduled:1", "rdb_bgsave_in_progress:1"];
+    info.lines().map(str::trim).any(|line| BUSY.contains(&line))
 }
 
 /// Runs the timer pump once a second until aborted, as lmstfy's timer does.
@@ -363,6 +379,8 @@ pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> 
     for t in tasks {
         t.await??;
     }
+    // A rewrite the preload set off is not the drain's (delayd's drains wait the same way).
+    crate::settle::until_idle(crate::settle::DEADLINE, || server.rewriting()).await?;
     cpu.restart();
     let conns = server.connect_n(opts.clients).await?;
     let acked = Arc::new(AtomicU64::new(0));
@@ -572,6 +590,16 @@ pub async fn timer(server: &Server, opts: &Opts) -> Result<Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rewrite_running_or_scheduled_is_work_left_behind() {
+        let info = "# Persistence\r\nloading:0\r\nrdb_bgsave_in_progress:0\r\n\
+                    aof_enabled:1\r\naof_rewrite_in_progress:0\r\naof_rewrite_scheduled:0\r\n";
+        assert!(!rewriting(info));
+        assert!(rewriting(&info.replace("aof_rewrite_in_progress:0", "aof_rewrite_in_progress:1")));
+        assert!(rewriting(&info.replace("aof_rewrite_scheduled:0", "aof_rewrite_scheduled:1")));
+        assert!(rewriting(&info.replace("rdb_bgsave_in_progress:0", "rdb_bgsave_in_progress:1")));
+    }
 
     #[test]
     fn bodies_carry_their_stamps_in_100_bytes() {

@@ -28,6 +28,7 @@ mod machine;
 mod procstat;
 mod progress;
 mod report;
+mod settle;
 mod stats;
 mod workloads;
 
@@ -488,7 +489,11 @@ impl Delayd<'_> {
                 };
                 // After a failover the restarted node has a new pid: it counts from its start.
                 let usage = ctx.cpu.finish(&cluster.pids());
-                emit_all(rows, &cluster.name, w, c, result, usage);
+                let after = settle::After::measure(&cluster.pids(), || {
+                    settle::delayd_busy(&ctx.http, &ctx.nodes)
+                })
+                .await;
+                emit_all(rows, &cluster.name, w, c, result, usage, Some(after));
             }
         }
     }
@@ -520,10 +525,14 @@ fn emit_all(
     clients: usize,
     result: Result<Vec<Row>>,
     usage: Option<stats::CpuUsage>,
+    after: Option<settle::After>,
 ) {
     let mut out = result.unwrap_or_else(|e| vec![Row::failed(system, workload, &e)]);
     if let Some(u) = usage {
         u.apply(&mut out);
+    }
+    if let Some(a) = after {
+        a.apply(&mut out);
     }
     for mut r in out {
         if !NO_CLIENTS.contains(&workload) {
@@ -546,19 +555,27 @@ fn build_profile(bin: &std::path::Path) -> &'static str {
     }
 }
 
-/// Runs a peer's workload between two CPU readings of its server process `pid`.
-async fn measured<F>(
-    cpu: &CpuMeter,
-    pid: Option<u32>,
-    work: F,
-) -> (Result<Vec<Row>>, Option<stats::CpuUsage>)
+/// What a peer's workload measured: its rows, the CPU over it, and the CPU after it.
+type Measured = (Result<Vec<Row>>, Option<stats::CpuUsage>, Option<settle::After>);
+
+/// Runs a peer's workload between two CPU readings of its server process `pid`, then waits
+/// while `busy` says the server is still doing work the workload left behind.
+async fn measured<F, B, Fut>(cpu: &CpuMeter, pid: Option<u32>, work: F, busy: B) -> Measured
 where
     F: Future<Output = Result<Row>>,
+    B: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<bool>>>,
 {
     let pids: Vec<u32> = pid.into_iter().collect();
     cpu.start(&pids);
     let result = work.await.map(|r| vec![r]);
-    (result, cpu.finish(&pids))
+    let usage = cpu.finish(&pids);
+    (result, usage, Some(settle::After::measure(&pids, busy).await))
+}
+
+/// beanstalkd leaves nothing behind: its binlog is written and synced as each command runs.
+async fn never_busy() -> Result<Option<bool>> {
+    Ok(Some(false))
 }
 
 /// A failed row for a peer whose server binary is missing.
@@ -595,14 +612,16 @@ async fn run_beanstalkd(
         for &c in levels.iter().filter(|_| publish) {
             let opts = Opts { clients: c, ..opts.clone() };
             let _running = progress::phase(format!("{} · publish · {c} clients", mode.label()));
-            let (result, usage) = measured(&cpu, pid, beanstalk::publish(&server, &opts)).await;
-            emit_all(rows, mode.label(), "publish", c, result, usage);
+            let publish = beanstalk::publish(&server, &opts);
+            let (result, usage, after) = measured(&cpu, pid, publish, never_busy).await;
+            emit_all(rows, mode.label(), "publish", c, result, usage, after);
         }
         for &c in levels.iter().filter(|_| drain) {
             let opts = Opts { clients: c, ..opts.clone() };
             let _running = progress::phase(format!("{} · drain · {c} clients", mode.label()));
-            let (result, usage) = measured(&cpu, pid, beanstalk::drain(&server, &opts, &cpu)).await;
-            emit_all(rows, mode.label(), "drain", c, result, usage);
+            let drain = beanstalk::drain(&server, &opts, &cpu);
+            let (result, usage, after) = measured(&cpu, pid, drain, never_busy).await;
+            emit_all(rows, mode.label(), "drain", c, result, usage, after);
         }
     }
 }
@@ -644,13 +663,14 @@ async fn run_lmstfy(
             let opts = Opts { clients: c, ..opts.clone() };
             let pid = server.pid();
             let _running = progress::phase(format!("{system} · {w} · {c} clients"));
-            let (result, usage) = match w {
-                "publish" => measured(&cpu, pid, lmstfy::publish(&server, &opts)).await,
-                "drain" => measured(&cpu, pid, lmstfy::drain(&server, &opts, &cpu)).await,
-                "lifecycle" => measured(&cpu, pid, lmstfy::lifecycle(&server, &opts)).await,
-                _ => measured(&cpu, pid, lmstfy::timer(&server, &opts)).await,
+            let busy = || server.rewriting();
+            let (result, usage, after) = match w {
+                "publish" => measured(&cpu, pid, lmstfy::publish(&server, &opts), busy).await,
+                "drain" => measured(&cpu, pid, lmstfy::drain(&server, &opts, &cpu), busy).await,
+                "lifecycle" => measured(&cpu, pid, lmstfy::lifecycle(&server, &opts), busy).await,
+                _ => measured(&cpu, pid, lmstfy::timer(&server, &opts), busy).await,
             };
-            emit_all(rows, system, w, c, result, usage);
+            emit_all(rows, system, w, c, result, usage, after);
         }
     }
 }

@@ -23,12 +23,38 @@ pub fn cpu_ticks(pid: &str) -> Option<u64> {
     stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// CPU time as [`cpu_ticks`], plus that of the children `pid` has waited for: a server's
+/// work done in a child process (Redis rewrites its AOF in one) counts once the server has
+/// reaped the child.
+pub fn cpu_ticks_with_children(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_field_sum(&stat, 14..=17)
+}
+
 /// User + system CPU ticks from the text of a process's or a thread's `stat`.
 pub fn stat_ticks(stat: &str) -> Option<u64> {
+    stat_field_sum(stat, 14..=15)
+}
+
+/// The sum of `stat`'s numeric fields `fields` (numbered from 1, as in proc(5)).
+fn stat_field_sum(stat: &str, fields: std::ops::RangeInclusive<usize>) -> Option<u64> {
     // The command name (field 2) is in parentheses and may hold spaces: count fields after
     // its closing parenthesis, where field 3 (state) is the first.
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
-    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
-    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
-    Some(utime + stime)
+    let after: Vec<&str> = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().collect();
+    fields.map(|n| after.get(n - 3)?.parse::<u64>().ok()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fields 14 to 17 are the process's user and system time and those of the children it
+    /// waited for; the name in parentheses may hold spaces and parentheses.
+    #[test]
+    fn own_and_reaped_childrens_ticks_are_read_after_the_name() {
+        let stat = "4242 (redis (x) server) S 1 4242 4242 0 -1 4194560 900 0 0 0 100 20 300 4 20 0";
+        assert_eq!(stat_ticks(stat), Some(120));
+        assert_eq!(stat_field_sum(stat, 14..=17), Some(424));
+        assert_eq!(stat_ticks("4242 (short) S 1 2"), None);
+    }
 }

@@ -107,7 +107,7 @@ macro_rules! table_line {
         format!(
             concat!(
                 "{:<36} {:<20} {:>3} {:>7} {:>11} {:>9} {:>9} {:>9} {:>9} ",
-                "{:>11} {:>10} {:>6} {:>6} {:>5}  {}"
+                "{:>11} {:>10} {:>10} {:>6} {:>6} {:>5}  {}"
             ),
             $($cell),*
         )
@@ -115,8 +115,9 @@ macro_rules! table_line {
 }
 
 /// The results table as plain text (also used for one row at a time while running). `srv
-/// µs/job` is the servers' CPU per job, `srv cs/job` their context switches per job, `gen %`
-/// the bench's own CPU in percent of one core.
+/// µs/job` is the servers' CPU per job, `aft µs/job` their CPU per job after the workload
+/// until the work it left behind was done, `srv cs/job` their context switches per job,
+/// `gen %` the bench's own CPU in percent of one core.
 pub fn table_header() -> String {
     table_line!(
         "system",
@@ -129,6 +130,7 @@ pub fn table_header() -> String {
         "p99.9 ms",
         "max ms",
         "srv µs/job",
+        "aft µs/job",
         "srv cs/job",
         "gen %",
         "errors",
@@ -151,6 +153,7 @@ pub fn table_row(r: &Row) -> String {
         opt(l.map(|l| l.p999), 2),
         opt(l.map(|l| l.max), 2),
         opt(r.server_cpu_us_per_job, 0),
+        opt(r.after_cpu_us_per_job, 0),
         opt(r.server_switches_per_job, 1),
         opt(r.loadgen_cpu_pct, 0),
         r.errors,
@@ -217,7 +220,11 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     md.push_str(
         "`c` is the number of concurrent clients; `server CPU µs/job` the CPU time (user + \
          system) of every server process of the system over the measured part of the workload, \
-         per job; `server switches/job` the context switches of every server thread over the \
+         per job, children it reaped included; `after: CPU µs/job (s)` the same processes' CPU \
+         from the end of the workload until the work it left behind was done (a delayd node's \
+         RocksDB flushes and compactions, a Redis AOF rewrite), per job, and how long that \
+         took: a cost of the row's jobs that its measured span did not see, and that the next \
+         row no longer carries; `server switches/job` the context switches of every server thread over the \
          same span, per job (a lower bound: threads that ended are not counted); `load-gen CPU \
          %` the bench process's own CPU time over the same span, in percent of one core (on a \
          shared 2-core machine the load generator competes with the server for the same \
@@ -225,15 +232,15 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     );
     md.push_str(
         "| system | workload | c | status | jobs/s | latency of | p50 ms | p99 ms | p99.9 ms \
-         | max ms | server CPU µs/job | server switches/job | load-gen CPU % | errors | early \
-         | note |\n\
-         |---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         | max ms | server CPU µs/job | after: CPU µs/job (s) | server switches/job \
+         | load-gen CPU % | errors | early | note |\n\
+         |---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in rows {
         let l = r.latency_ms;
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.system,
             r.workload,
             clients(r.clients),
@@ -245,6 +252,7 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
             opt(l.map(|l| l.p999), 2),
             opt(l.map(|l| l.max), 2),
             opt(r.server_cpu_us_per_job, 0),
+            after(r),
             opt(r.server_switches_per_job, 1),
             opt(r.loadgen_cpu_pct, 0),
             r.errors,
@@ -288,6 +296,15 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
     md.push_str(WORKLOADS_MD);
     std::fs::write(dir.join("report.md"), md)?;
     Ok(())
+}
+
+/// A row's after-figures as `µs (s)`: `12 (3.4 s)`, `- (0.0 s)` without CPU, `-` when the
+/// servers could not say.
+fn after(r: &Row) -> String {
+    match r.after_secs {
+        Some(s) => format!("{} ({s:.1} s)", opt(r.after_cpu_us_per_job, 0)),
+        None => "-".to_string(),
+    }
 }
 
 /// The timer rows' p99 lateness in each second of due time, as a Markdown section; empty
@@ -371,11 +388,12 @@ const WORKLOADS_MD: &str = "## Workloads\n\n\
 - **lifecycle**: C/2 producers (delay 0) and C/2 consumers (reserve + `DELETE` without a lease) together for T s; acked jobs/s; latency is delivery − due.\n\
 - **timer**: R jobs/s coming due over S s, each published a lead time ahead; C consumers long-poll; lateness = delivery wall time − server `due_at_ms`; early deliveries must be 0. The consumers reserve one job and ack it with a `DELETE` without a lease (**timer**), reserve one job carrying the ack of the previous one (**timer-ackfirst**), or reserve up to 10 carrying the acks of every job of their previous reserve (**timer-count10-ackfirst**).\n\
 - **publish-latency**: open-loop single publishes at a fixed offered rate; latency from each request's intended send time.\n\
-- **storage N**: bulk-published jobs delayed by 1 day up to N stored; RSS (`VmRSS`) and disk (`du`) per node.\n\
+- **storage N**: bulk-published jobs delayed by 1 day up to N stored; RSS (`VmRSS`) and disk (`du`) per node once the followers have applied every job, and the disk again once no flush or compaction is running or due (\"settled\"; the next step starts after that).\n\
 - **failover**: light publish load over all nodes, `kill -9` of the leader, time to the first successful publish sent after the kill.\n\
 - **beanstalkd publish / drain**: `put` one job at a time / `reserve-with-timeout 1` + `delete`, C connections, same bodies.\n\
 - **lmstfy-redis publish / drain / lifecycle / timer**: the Redis commands lmstfy's Redis engine issues, with its round trips, against a `redis-server` with `appendfsync always` started by the bench: publish `SET j/… EX ttl NX` + `LPUSH` (delay 0) or `ZADD` on the timer (now + delay, whole seconds); reserve `BRPOP` + `ZADD` (back on the timer at now + ttr, one try fewer) + `GET`/`TTL` pipelined; ack `DEL`; a pump runs a Lua script once a second moving due timer members (100 at a time) to the ready list or the dead letters. No HTTP layer: an upper bound for lmstfy. Its timer lateness is measured from the whole-second score lmstfy stores.\n\
-- **CPU**: `/proc/<pid>/stat` utime + stime of every server process the bench started (all delayd nodes, beanstalkd, redis-server) before and after each workload, per job completed; none for `--target`.\n";
+- **CPU**: `/proc/<pid>/stat` utime + stime (and cutime + cstime: the children a server reaped, such as Redis's AOF rewrites) of every server process the bench started (all delayd nodes, beanstalkd, redis-server) before and after each workload, per job completed; none for `--target`.\n\
+- **After each workload** the bench waits (up to 120 s) until the servers are done with the work it left behind: every delayd node's `delayd_rocksdb_background_jobs` at 0 (no flush or compaction running or due), no Redis AOF rewrite running or scheduled; beanstalkd leaves none. The servers' CPU over that wait is the row's `after` figure. Drains wait the same way after their preload, before their measured span. Memtables that are not full are not flushed: that happens in whichever row fills them.\n";
 
 /// Escapes text for SVG.
 fn esc(s: &str) -> String {

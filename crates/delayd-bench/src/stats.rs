@@ -14,7 +14,7 @@ use delayd_percentiles::MillisRecorder;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::procstat::{clock_ticks_per_s, cpu_ticks, stat_ticks};
+use crate::procstat::{clock_ticks_per_s, cpu_ticks, cpu_ticks_with_children, stat_ticks};
 
 /// Latency (or lateness) percentiles in milliseconds, nearest rank (see
 /// [`delayd_percentiles`] for the precision). Lateness below zero (an early delivery) counts
@@ -173,9 +173,9 @@ pub struct Row {
     /// knob (open-loop publishing, failover's fixed publishers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clients: Option<usize>,
-    /// CPU time (user + system) of every server process of the system under test over the
-    /// measured part of the workload, in µs per job of `jobs`; `None` when the processes are
-    /// not the bench's own (`--target`).
+    /// CPU time (user + system) of every server process of the system under test, and of the
+    /// children it reaped, over the measured part of the workload, in µs per job of `jobs`;
+    /// `None` when the processes are not the bench's own (`--target`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_us_per_job: Option<f64>,
     /// Context switches (voluntary and involuntary) of the server processes' threads over the
@@ -194,6 +194,15 @@ pub struct Row {
     /// everything, so a high figure says the server was starved by its own load.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loadgen_cpu_pct: Option<f64>,
+    /// CPU time of the same server processes after the measured span, until the work it left
+    /// behind was done (RocksDB's flushes and compactions on every delayd node; a Redis AOF
+    /// rewrite), in µs per job of `jobs`: a cost of these jobs that the measured span did not
+    /// see. `None` as for `server_cpu_us_per_job`, or when the servers could not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_cpu_us_per_job: Option<f64>,
+    /// Seconds that wait took; `None` when the servers could not say when they were done.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after_secs: Option<f64>,
     /// Workload-specific figures (RSS per node, lateness histogram, ...).
     pub extra: Map<String, Value>,
 }
@@ -218,6 +227,8 @@ impl Row {
             server_switches_per_job: None,
             server_cpu_us_per_job_by_thread: BTreeMap::new(),
             loadgen_cpu_pct: None,
+            after_cpu_us_per_job: None,
+            after_secs: None,
             extra: Map::new(),
         }
     }
@@ -350,7 +361,7 @@ pub struct CpuUsage {
 impl CpuMeter {
     /// Begins a measurement of the server processes `pids` (empty when they are not local).
     pub fn start(&self, pids: &[u32]) {
-        let server = pids.iter().filter_map(|p| Some((*p, cpu_ticks(&p.to_string())?))).collect();
+        let server = pids.iter().filter_map(|p| Some((*p, cpu_ticks_with_children(*p)?))).collect();
         let threads = pids.iter().map(|p| (*p, threads(*p))).collect();
         let own = cpu_ticks("self").unwrap_or(0);
         let mark = CpuMark { at: Instant::now(), server, threads, own };
@@ -379,7 +390,7 @@ impl CpuMeter {
         let tick = clock_ticks_per_s();
         let mut server = 0u64;
         for p in pids {
-            let Some(now) = cpu_ticks(&p.to_string()) else { continue };
+            let Some(now) = cpu_ticks_with_children(*p) else { continue };
             let before = mark.server.iter().find(|(q, _)| q == p).map_or(0, |(_, t)| *t);
             server += now.saturating_sub(before);
         }

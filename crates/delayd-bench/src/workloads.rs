@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use crate::cluster::Cluster;
 use crate::conn::{Answer, Conn, REQUEST_TIMEOUT};
 use crate::progress;
+use crate::settle;
 use crate::stats::{
     join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Status, Tally,
 };
@@ -84,6 +85,9 @@ pub struct Ctx {
     auth: Option<HeaderValue>,
     /// Nodes' base URLs; client i talks to node i mod n.
     pub urls: Vec<String>,
+    /// Every node's base URL, whichever the clients talk to: where the bench reads whether
+    /// the nodes are done with the work a workload left behind.
+    pub nodes: Vec<String>,
     /// Nodes' gRPC addresses (empty for a target given by HTTP URLs only).
     pub grpc: Vec<String>,
     /// Nodes' Disque-protocol addresses (empty for a target).
@@ -123,6 +127,7 @@ impl Ctx {
             http,
             auth,
             urls: cluster.client_urls(),
+            nodes: cluster.urls.clone(),
             grpc: cluster.grpc.clone(),
             disque: cluster.disque.clone(),
             system: cluster.name.clone(),
@@ -358,11 +363,13 @@ async fn preload(ctx: &Ctx, queue: &str, n: u64) -> Result<()> {
 }
 
 /// Preloads a drain's ready jobs into a queue of its own (per workload and client level, so
-/// one level's leftovers never reach the next), leaves the preload's CPU out of the
-/// measurement, and returns the queue and how many jobs there are.
+/// one level's leftovers never reach the next), waits until the nodes have flushed and
+/// compacted what the preload left them (up to [`settle::DEADLINE`]), leaves the preload's
+/// CPU out of the measurement, and returns the queue and how many jobs there are.
 async fn drain_setup(ctx: &Ctx, workload: &str) -> Result<(String, u64)> {
     let queue = format!("{workload}-c{}", ctx.opts.clients);
     preload(ctx, &queue, ctx.opts.drain_jobs).await?;
+    settle::until_idle(settle::DEADLINE, || settle::delayd_busy(&ctx.http, &ctx.nodes)).await?;
     ctx.cpu.restart();
     Ok((queue, ctx.opts.drain_jobs.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64))
 }
@@ -1213,13 +1220,33 @@ pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
         let name = format!("storage {target}");
         let mut row = Row::from_tally(&ctx.system, &name, tally, secs, "bulk request");
         let feet = cluster.footprint();
+        // The disk again once the flushes and compactions are done: a reading taken while they
+        // run moves by hundreds of MB within seconds, as a compaction holds its input and its
+        // output at once. The next step starts after this wait.
+        let settling = progress::phase(format!("storage: compactions settling at {stored} jobs"));
+        let settled =
+            settle::until_idle(settle::DEADLINE, || settle::delayd_busy(&ctx.http, &ctx.nodes))
+                .await?;
+        let settled_disk: Vec<Option<u64>> = match settled {
+            settle::Settled::Done(_) => {
+                let now = cluster.footprint();
+                feet.iter()
+                    .map(|(id, ..)| now.iter().find(|(n, ..)| n == id).map(|(.., d)| *d))
+                    .collect()
+            }
+            settle::Settled::TimedOut(_) | settle::Settled::Unknown => vec![None; feet.len()],
+        };
+        drop(settling);
         let mb = |b: u64| b as f64 / 1e6;
         let mut parts = Vec::new();
         let mut nodes = Vec::new();
-        for (id, rss, disk) in &feet {
+        for ((id, rss, disk), settled) in feet.iter().zip(&settled_disk) {
             let rss_txt = rss.map_or("?".to_string(), |r| format!("{:.0}", mb(r)));
-            parts.push(format!("n{id} RSS {rss_txt} MB disk {:.0} MB", mb(*disk)));
-            nodes.push(json!({"node": id, "rss_bytes": rss, "disk_bytes": disk}));
+            let settled_txt = settled.map_or(String::new(), |d| format!(" ({:.0} settled)", mb(d)));
+            parts.push(format!("n{id} RSS {rss_txt} MB disk {:.0}{settled_txt} MB", mb(*disk)));
+            nodes.push(json!({
+                "node": id, "rss_bytes": rss, "disk_bytes": disk, "settled_disk_bytes": settled
+            }));
         }
         row.extra.insert("stored_jobs".into(), json!(stored));
         row.extra.insert("nodes".into(), Value::Array(nodes));

@@ -124,6 +124,11 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
         split.iter().any(|(name, us)| !name.is_empty() && us.as_f64().is_some_and(|us| us > 0.0)),
         "no thread's CPU in the split: {publish}"
     );
+    // Every row that ran waited for the work it left behind and says how long that took:
+    // the nodes answered the wait's question (a node that did not would leave it out).
+    for r in rows.iter().filter(|r| r["status"] == "ok") {
+        ensure!(r["after_secs"].as_f64().is_some(), "no wait for the work left behind: {r}");
+    }
     if beanstalkd {
         for w in ["publish", "drain"] {
             ensure!(status("beanstalkd", w).as_deref() == Some("ok"), "beanstalkd {w}\n{stdout}");

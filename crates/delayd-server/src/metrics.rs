@@ -138,6 +138,7 @@ pub struct Metrics {
     /// No labels: a vector so that the series is absent when RocksDB cannot be asked.
     rocksdb_write_stopped: IntGaugeVec,
     rocksdb_write_stalls: IntCounterVec,
+    rocksdb_background_jobs: IntGaugeVec,
     /// No labels: vectors so that the series are absent, rather than 0, when the filesystem
     /// cannot be asked (0 bytes available would page someone).
     filesystem_available: IntGaugeVec,
@@ -380,6 +381,13 @@ impl Metrics {
                  the largest count of any column family.",
                 &["kind"],
             )?,
+            rocksdb_background_jobs: b.gauge(
+                "delayd_rocksdb_background_jobs",
+                "RocksDB's flushes and compactions at scrape time: running (state=running, a \
+                 count of jobs) and due but not started (state=pending, a count of column \
+                 families); all zero once the work a load left behind is done.",
+                &["kind", "state"],
+            )?,
             filesystem_available: b.gauge(
                 "delayd_filesystem_available_bytes",
                 "Bytes an unprivileged process may still write on the filesystem holding the \
@@ -606,6 +614,20 @@ impl Metrics {
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's write stalls"),
+        }
+        self.rocksdb_background_jobs.reset();
+        match reader.background_work() {
+            Ok(w) => {
+                for (kind, state, n) in [
+                    ("flush", "running", w.flushes_running),
+                    ("flush", "pending", w.flushes_pending),
+                    ("compaction", "running", w.compactions_running),
+                    ("compaction", "pending", w.compactions_pending),
+                ] {
+                    self.rocksdb_background_jobs.with_label_values(&[kind, state]).set(to_i64(n));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's background work"),
         }
     }
 

@@ -302,6 +302,13 @@ async fn metrics_follow_requests_jobs_raft_and_storage() {
     for kind in ["stop", "delay"] {
         assert_eq!(after.get("delayd_rocksdb_write_stalls_total", &[("kind", kind)]), Some(0.0));
     }
+    // RocksDB's background work is read: every kind and state has its series.
+    for kind in ["flush", "compaction"] {
+        for state in ["running", "pending"] {
+            let labels = [("kind", kind), ("state", state)];
+            assert!(after.get("delayd_rocksdb_background_jobs", &labels).is_some(), "{labels:?}");
+        }
+    }
     // The data directory's filesystem: some room left, less than all of it.
     let size = after.value("delayd_filesystem_size_bytes", &[]);
     let available = after.value("delayd_filesystem_available_bytes", &[]);

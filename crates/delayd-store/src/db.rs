@@ -465,6 +465,49 @@ pub(crate) fn write_stalls(db: &Db) -> Result<WriteStalls, StoreError> {
     Ok(stalls)
 }
 
+/// RocksDB's flushes and compactions on this node at one moment: those running, and the
+/// column families with one due that has not started. A node whose load stopped a moment ago
+/// is still paying for it until all four are zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackgroundWork {
+    /// Flushes running (`rocksdb.num-running-flushes`).
+    pub flushes_running: u64,
+    /// Compactions running (`rocksdb.num-running-compactions`).
+    pub compactions_running: u64,
+    /// Column families with a flush due, waiting for a thread (`rocksdb.mem-table-flush-pending`).
+    pub flushes_pending: u64,
+    /// Column families whose levels call for a compaction not yet started
+    /// (`rocksdb.compaction-pending`).
+    pub compactions_pending: u64,
+}
+
+impl BackgroundWork {
+    /// Nothing running and nothing due.
+    pub fn is_idle(&self) -> bool {
+        *self == BackgroundWork::default()
+    }
+}
+
+/// Reads [`BackgroundWork`]: the two running counts are the database's, the pending ones are
+/// counted over the column families.
+pub(crate) fn background_work(db: &Db) -> Result<BackgroundWork, StoreError> {
+    use rocksdb::properties::{
+        COMPACTION_PENDING, MEM_TABLE_FLUSH_PENDING, NUM_RUNNING_COMPACTIONS, NUM_RUNNING_FLUSHES,
+    };
+    let mut work = BackgroundWork {
+        flushes_running: db.property_int_value(NUM_RUNNING_FLUSHES)?.unwrap_or(0),
+        compactions_running: db.property_int_value(NUM_RUNNING_COMPACTIONS)?.unwrap_or(0),
+        ..BackgroundWork::default()
+    };
+    for name in every_cf_name() {
+        let handle = cf(db, name)?;
+        let due = |p| db.property_int_value_cf(handle, p).map(|v| u64::from(v.unwrap_or(0) > 0));
+        work.flushes_pending += due(MEM_TABLE_FLUSH_PENDING)?;
+        work.compactions_pending += due(COMPACTION_PENDING)?;
+    }
+    Ok(work)
+}
+
 /// The write-stall properties; the string forms, which the C API gives (the map forms it
 /// does not).
 const CF_WRITE_STALL_STATS: &str = "rocksdb.cf-write-stall-stats";
@@ -613,18 +656,6 @@ mod tests {
     /// sees two at once is enough.
     #[test]
     fn two_column_families_compact_at_the_same_time() {
-        let value_of = |seed: u64| {
-            // xorshift: values that LZ4 cannot shrink, so a compaction has real work to do.
-            let mut x = seed | 1;
-            (0..1024)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect::<Vec<u8>>()
-        };
         let mut most = 0;
         for attempt in 0..5u64 {
             let dir = tempfile::tempdir().expect("dir");
@@ -635,22 +666,10 @@ mod tests {
             }
             for file in 0..8u64 {
                 for family in families {
-                    let mut batch = WriteBatch::default();
-                    // The same keys in every file: the files overlap, so a compaction must
-                    // merge them (files that do not overlap can be moved down unrewritten).
-                    for key in 0..2048u64 {
-                        let value = value_of((attempt << 48) ^ (file << 32) ^ key);
-                        batch.put_cf(family, key.to_be_bytes(), value);
-                    }
-                    db.write(batch).expect("write");
-                    db.flush_cf(family).expect("flush");
+                    overlapping_level0_file(&db, family, (attempt << 48) ^ (file << 32));
                 }
             }
-            let level0 = |family| {
-                db.property_int_value_cf(family, "rocksdb.num-files-at-level0")
-                    .expect("property")
-                    .expect("level 0's file count")
-            };
+            let level0 = |family| level0_files(&db, family);
             assert!(families.iter().all(|f| level0(*f) == 8), "eight level-0 files each");
             for family in families {
                 db.set_options_cf(family, &[("disable_auto_compactions", "false")]).expect("set");
@@ -670,6 +689,64 @@ mod tests {
             }
         }
         panic!("never more than {most} compaction at a time");
+    }
+
+    /// Writes 2,048 values of 1 KiB that LZ4 cannot shrink under the same keys every time
+    /// and flushes them to a level-0 file of their own: files that overlap, so a compaction
+    /// must merge them (files that do not overlap can be moved down unrewritten), and has real
+    /// work to do.
+    fn overlapping_level0_file(db: &Db, family: &ColumnFamily, seed: u64) {
+        let mut batch = WriteBatch::default();
+        for key in 0..2048u64 {
+            // xorshift, seeded per key.
+            let mut x = (seed ^ key) | 1;
+            let value: Vec<u8> = (0..1024)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            batch.put_cf(family, key.to_be_bytes(), value);
+        }
+        db.write(batch).expect("write");
+        db.flush_cf(family).expect("flush");
+    }
+
+    fn level0_files(db: &Db, family: &ColumnFamily) -> u64 {
+        db.property_int_value_cf(family, "rocksdb.num-files-at-level0")
+            .expect("property")
+            .expect("level 0's file count")
+    }
+
+    /// A compaction shows as background work from the moment it is due until it is done, and
+    /// then nothing does: eight overlapping level-0 files wait with compactions off, which
+    /// are then turned on (that schedules the compaction before it returns), and the work is
+    /// read until it is idle.
+    #[test]
+    fn background_work_is_seen_until_compactions_are_done() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = open(dir.path(), None).expect("open");
+        let jobs = cf(&db, Cf::Jobs.name()).expect("cf");
+        db.set_options_cf(jobs, &[("disable_auto_compactions", "true")]).expect("set");
+        for file in 0..8u64 {
+            overlapping_level0_file(&db, jobs, file << 32);
+        }
+        assert_eq!(level0_files(&db, jobs), 8);
+        db.set_options_cf(jobs, &[("disable_auto_compactions", "false")]).expect("set");
+        let due = background_work(&db).expect("read");
+        assert!(due.compactions_running + due.compactions_pending >= 1, "{due:?}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let work = background_work(&db).expect("read");
+            if work.is_idle() {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "still busy after 60 s: {work:?}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(level0_files(&db, jobs) < 8, "idle before level 0 was compacted");
     }
 
     /// Nodes 1 to 4 flush at budgets a step apart; ids further on take the same steps again.

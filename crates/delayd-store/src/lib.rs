@@ -112,7 +112,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use backup::{recover, restore, verify_file, Recovered, Restored, SnapshotSummary, Tail};
-pub use db::{ReadView, StorageSizes, WriteStalls};
+pub use db::{BackgroundWork, ReadView, StorageSizes, WriteStalls};
 pub use error::StoreError;
 pub use identity::ClusterIdStore;
 pub use log::{EncodedEntries, LogStore};

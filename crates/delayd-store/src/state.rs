@@ -16,8 +16,8 @@ use tokio::io::AsyncWriteExt;
 
 use crate::apply_cache::{self, ApplyCache, ApplyView, Change};
 use crate::db::{
-    self, meta_key, Db, ReadView, StorageSizes, WriteStalls, CF_RAFT_META, SM_LAST_APPLIED,
-    SM_MEMBERSHIP, SM_RESERVED_PREFIX,
+    self, meta_key, BackgroundWork, Db, ReadView, StorageSizes, WriteStalls, CF_RAFT_META,
+    SM_LAST_APPLIED, SM_MEMBERSHIP, SM_RESERVED_PREFIX,
 };
 use crate::error::StoreError;
 use crate::metrics::{since, StoreMetrics};
@@ -581,6 +581,11 @@ impl StateReader {
     /// How RocksDB has held back this node's writes; see [`WriteStalls`].
     pub fn write_stalls(&self) -> Result<WriteStalls, StoreError> {
         db::write_stalls(&self.shared.db)
+    }
+
+    /// RocksDB's flushes and compactions running or due now; see [`BackgroundWork`].
+    pub fn background_work(&self) -> Result<BackgroundWork, StoreError> {
+        db::background_work(&self.shared.db)
     }
 
     /// Sets the apply listener; see [`StateMachineStore::set_listener`].

@@ -38,6 +38,8 @@ use delayd_store::{LogEntry, StateMachineStore, Store, TypeConfig};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftStateMachine};
 
+// The cluster bench's file: what this binary does not use of it is the cluster bench's.
+#[allow(dead_code)]
 #[path = "../procstat.rs"]
 mod procstat;
 
