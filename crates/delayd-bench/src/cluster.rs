@@ -260,6 +260,11 @@ impl Cluster {
         self.nodes.iter().filter_map(|n| n.proc.as_ref()?.pid()).collect()
     }
 
+    /// Each running node's id and process id (none for a target).
+    pub fn node_pids(&self) -> Vec<(u64, u32)> {
+        self.nodes.iter().filter_map(|n| Some((n.id, n.proc.as_ref()?.pid()?))).collect()
+    }
+
     fn launch(&mut self, i: usize) -> Result<()> {
         let node = &mut self.nodes[i];
         node.proc = Some(Proc::spawn(&self.bin, &node.args, &node.log)?);

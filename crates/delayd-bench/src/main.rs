@@ -35,7 +35,7 @@ mod workloads;
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -460,6 +460,13 @@ impl Delayd<'_> {
             for c in levels_of(w, self.levels) {
                 let ctx = base.with_clients(c);
                 let _running = progress::phase(format!("{} · {w} · {c} clients", cluster.name));
+                // Which node's CPU is the leader's, as the workload begins (a failover moves
+                // it; the split then names the old leader).
+                let leader = if cluster.node_pids().len() > 1 {
+                    cluster.wait_leader(LEADER_TIMEOUT).await.ok()
+                } else {
+                    None
+                };
                 ctx.cpu.start(&cluster.pids());
                 let result = match *w {
                     "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
@@ -488,7 +495,10 @@ impl Delayd<'_> {
                     _ => Ok(Vec::new()),
                 };
                 // After a failover the restarted node has a new pid: it counts from its start.
-                let usage = ctx.cpu.finish(&cluster.pids());
+                let mut usage = ctx.cpu.finish(&cluster.pids());
+                if let Some(u) = usage.as_mut() {
+                    u.name_nodes(&cluster.node_pids(), leader);
+                }
                 let after = settle::After::measure(&cluster.pids(), || {
                     settle::delayd_busy(&ctx.http, &ctx.nodes)
                 })
@@ -498,6 +508,10 @@ impl Delayd<'_> {
         }
     }
 }
+
+/// How long the bench waits for the nodes to agree on a leader before a workload, to name
+/// the leader in the CPU split by node (without it the split names no leader).
+const LEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `name` with ` label` at its end, when there is a label.
 fn labelled(name: &str, label: Option<&str>) -> String {

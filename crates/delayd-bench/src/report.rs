@@ -261,6 +261,7 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
         );
     }
     md.push_str(&by_thread_md(rows));
+    md.push_str(&by_node_md(rows));
     md.push_str(&by_due_second_md(rows));
     if !ratios.is_empty() {
         md.push_str("\n## delayd ÷ peers (same run, same client count)\n\n");
@@ -349,6 +350,26 @@ fn by_thread_md(rows: &[Row]) -> String {
          thread that ended during the workload is missing; shares that round to 0 µs are left \
          out).",
         "µs/job by thread",
+        lines,
+    )
+}
+
+/// Where each row's server CPU went, by delayd node, as a Markdown section; empty when no row
+/// ran on more than one node.
+fn by_node_md(rows: &[Row]) -> String {
+    let lines = rows.iter().filter(|r| r.server_cpu_us_per_job_by_node.len() > 1).map(|r| {
+        let text: Vec<String> = r
+            .server_cpu_us_per_job_by_node
+            .iter()
+            .map(|(node, us)| format!("{node} {us:.0}"))
+            .collect();
+        (r, text.join(", "))
+    });
+    per_row_md(
+        "Server CPU per job, by node",
+        "µs per job spent by each delayd node, the leader named as it was when the workload \
+         began.",
+        "µs/job by node",
         lines,
     )
 }
@@ -676,5 +697,28 @@ mod tests {
         let md = by_thread_md(&[row]);
         assert!(md.contains("| sys | publish | 64 | `workers` 82, `wal` 5 |"), "{md}");
         assert!(!md.contains("`half`") && !md.contains("`idle`"), "{md}");
+    }
+
+    #[test]
+    fn the_cpu_split_by_node_names_the_leader_and_leaves_out_one_node_rows() {
+        let mut one = Row::new("one", "drain", Status::Ok);
+        one.server_cpu_us_per_job_by_node.insert("n1".into(), 60.0);
+        assert_eq!(by_node_md(&[one]), "", "one node: nothing to split");
+        let mut usage = crate::stats::CpuUsage {
+            server_s: Some(0.3),
+            server_switches: None,
+            server_s_by_thread: Default::default(),
+            server_s_by_pid: [(101, 0.15), (102, 0.05), (103, 0.1)].into_iter().collect(),
+            server_s_by_node: Default::default(),
+            own_s: 0.0,
+            wall_s: 1.0,
+        };
+        usage.name_nodes(&[(1, 101), (2, 102), (3, 103)], Some(1));
+        let mut rows = vec![Row::new("three", "drain", Status::Ok)];
+        rows[0].jobs = 1000;
+        rows[0].clients = Some(64);
+        usage.apply(&mut rows);
+        let md = by_node_md(&rows);
+        assert!(md.contains("| three | drain | 64 | n1 (leader) 150, n2 50, n3 100 |"), "{md}");
     }
 }

@@ -201,6 +201,8 @@ delayd_rocksdb_write_stopped 0
             server_s: Some(0.5),
             server_switches: None,
             server_s_by_thread: Default::default(),
+            server_s_by_pid: Default::default(),
+            server_s_by_node: Default::default(),
             own_s: 0.0,
             wall_s: 1.0,
         };

@@ -189,6 +189,11 @@ pub struct Row {
     /// during the span; empty as `server_cpu_us_per_job` is `None`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub server_cpu_us_per_job_by_thread: BTreeMap<String, f64>,
+    /// The server CPU per job split by delayd node (`n1`, `n2 (leader)`, …; the leader as it
+    /// was when the workload began): what the leader pays against each follower. Empty for
+    /// the peers and for `--target`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_cpu_us_per_job_by_node: BTreeMap<String, f64>,
     /// CPU time of the bench process itself (the load generator, and lmstfy's pump for
     /// `lmstfy-redis`) over the same span, in percent of one core: on a 2-core machine 200 is
     /// everything, so a high figure says the server was starved by its own load.
@@ -226,6 +231,7 @@ impl Row {
             server_cpu_us_per_job: None,
             server_switches_per_job: None,
             server_cpu_us_per_job_by_thread: BTreeMap::new(),
+            server_cpu_us_per_job_by_node: BTreeMap::new(),
             loadgen_cpu_pct: None,
             after_cpu_us_per_job: None,
             after_secs: None,
@@ -352,6 +358,10 @@ pub struct CpuUsage {
     pub server_switches: Option<u64>,
     /// Seconds of server CPU by thread name (see [`Row::server_cpu_us_per_job_by_thread`]).
     pub server_s_by_thread: BTreeMap<String, f64>,
+    /// Seconds of CPU of each server process, by process id.
+    pub server_s_by_pid: BTreeMap<u32, f64>,
+    /// The same by node name, once [`CpuUsage::name_nodes`] has named them.
+    pub server_s_by_node: BTreeMap<String, f64>,
     /// Seconds of CPU used by the bench process.
     pub own_s: f64,
     /// Wall-clock seconds measured.
@@ -389,10 +399,12 @@ impl CpuMeter {
         let mark = self.mark.lock().ok()?.take()?;
         let tick = clock_ticks_per_s();
         let mut server = 0u64;
+        let mut by_pid = BTreeMap::new();
         for p in pids {
             let Some(now) = cpu_ticks_with_children(*p) else { continue };
             let before = mark.server.iter().find(|(q, _)| q == p).map_or(0, |(_, t)| *t);
             server += now.saturating_sub(before);
+            by_pid.insert(*p, now.saturating_sub(before) as f64 / tick);
         }
         let mut switches = 0u64;
         let mut read_any = false;
@@ -418,6 +430,8 @@ impl CpuMeter {
             server_s: (!pids.is_empty()).then(|| server as f64 / tick),
             server_switches: read_any.then_some(switches),
             server_s_by_thread: by_thread,
+            server_s_by_pid: by_pid,
+            server_s_by_node: BTreeMap::new(),
             own_s: own as f64 / tick,
             wall_s: mark.at.elapsed().as_secs_f64(),
         })
@@ -425,6 +439,17 @@ impl CpuMeter {
 }
 
 impl CpuUsage {
+    /// Names the server processes: `nodes` holds each delayd node's id and process id, and
+    /// `leader` the id of the node that led when the workload began, if known.
+    pub fn name_nodes(&mut self, nodes: &[(u64, u32)], leader: Option<u64>) {
+        for (id, pid) in nodes {
+            let Some(s) = self.server_s_by_pid.get(pid) else { continue };
+            let name =
+                if Some(*id) == leader { format!("n{id} (leader)") } else { format!("n{id}") };
+            self.server_s_by_node.insert(name, *s);
+        }
+    }
+
     /// Fills the CPU fields of `rows`, which together completed the measured jobs: the server
     /// figure is per job over all of them (storage reports several rows for one run).
     /// Rows that did not run (skipped, unavailable) get nothing.
@@ -440,11 +465,17 @@ impl CpuUsage {
             .iter()
             .filter_map(|(name, s)| Some((name.clone(), us_per_job(*s)?)))
             .collect();
+        let by_node: BTreeMap<String, f64> = self
+            .server_s_by_node
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), us_per_job(*s)?)))
+            .collect();
         let pct = (self.wall_s > 0.0).then(|| self.own_s / self.wall_s * 100.0);
         for r in rows.iter_mut().filter(ran) {
             r.server_cpu_us_per_job = cpu;
             r.server_switches_per_job = switches;
             r.server_cpu_us_per_job_by_thread = by_thread.clone();
+            r.server_cpu_us_per_job_by_node = by_node.clone();
             r.loadgen_cpu_pct = pct;
         }
     }

@@ -129,6 +129,9 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     for r in rows.iter().filter(|r| r["status"] == "ok") {
         ensure!(r["after_secs"].as_f64().is_some(), "no wait for the work left behind: {r}");
     }
+    // ... and the servers' CPU by node: the smoke's one node has it all.
+    let by_node = publish["server_cpu_us_per_job_by_node"].as_object().context("no node split")?;
+    ensure!(by_node.keys().eq(["n1"]), "the split names the one node: {publish}");
     if beanstalkd {
         for w in ["publish", "drain"] {
             ensure!(status("beanstalkd", w).as_deref() == Some("ok"), "beanstalkd {w}\n{stdout}");
