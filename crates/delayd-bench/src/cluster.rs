@@ -291,6 +291,18 @@ impl Cluster {
         Ok(())
     }
 
+    /// Sends the clients to `leader` when they are steered to another node (the leader moved
+    /// since [`Cluster::steer_to_leader`]); says whether they were.
+    pub fn follow_leader(&mut self, leader: u64) -> Result<bool> {
+        let Some(steered) = &self.steered else { return Ok(false) };
+        let url = self.url_of(leader).context("the leader has no URL")?.to_string();
+        if *steered == url {
+            return Ok(false);
+        }
+        self.steered = Some(url);
+        Ok(true)
+    }
+
     /// The base URLs clients spread over: every node, or only the leader after
     /// [`Cluster::steer_to_leader`].
     pub fn client_urls(&self) -> Vec<String> {
@@ -466,6 +478,24 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// Clients steered to the leader follow it when it moves, and say so once; clients spread
+    /// over every node stay spread.
+    #[test]
+    fn steered_clients_follow_a_leader_that_moved() {
+        let urls: Vec<String> = (1..=3).map(|i| format!("http://127.0.0.1:{i}")).collect();
+        let mut spread = Cluster::target(urls.clone(), None);
+        assert!(!spread.follow_leader(2).unwrap());
+        assert_eq!(spread.client_urls(), urls);
+
+        let mut steered = Cluster::target(urls.clone(), None);
+        steered.steered = Some(urls[0].clone());
+        assert!(!steered.follow_leader(1).unwrap(), "still the leader");
+        assert!(steered.follow_leader(3).unwrap());
+        assert_eq!(steered.client_urls(), [urls[2].clone()]);
+        assert!(!steered.follow_leader(3).unwrap(), "moved once");
+        assert!(steered.follow_leader(9).is_err(), "no such node");
+    }
 
     /// The watcher waits while the bench lives, and once the bench's end of its pipe closes
     /// (as the kernel closes it when the bench dies, however) it kills the child and ends.

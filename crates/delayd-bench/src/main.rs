@@ -458,7 +458,7 @@ impl Delayd<'_> {
         };
         for w in self.selected {
             for c in levels_of(w, self.levels) {
-                let ctx = base.with_clients(c);
+                let mut ctx = base.with_clients(c);
                 let _running = progress::phase(format!("{} · {w} · {c} clients", cluster.name));
                 // Which node's CPU is the leader's, as the workload begins (a failover moves
                 // it; the split then names the old leader).
@@ -467,6 +467,19 @@ impl Delayd<'_> {
                 } else {
                     None
                 };
+                // A leader that moved since the clients were steered to it (an election under
+                // load) would have every request of a "via the leader" row forwarded.
+                let mut moved: Vec<String> = Vec::new();
+                if let Some(l) = leader {
+                    match cluster.follow_leader(l) {
+                        Ok(true) => {
+                            moved.push(format!("the leader had moved to n{l}: clients sent there"))
+                        }
+                        Ok(false) => {}
+                        Err(e) => moved.push(format!("cannot follow the leader: {e:#}")),
+                    }
+                    ctx.urls = cluster.client_urls();
+                }
                 ctx.cpu.start(&cluster.pids());
                 let result = match *w {
                     "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
@@ -499,6 +512,23 @@ impl Delayd<'_> {
                 if let Some(u) = usage.as_mut() {
                     u.name_nodes(&cluster.node_pids(), leader);
                 }
+                // The leader at the end: one that changed during the workload changed what it
+                // measured (forwarding, an election's pause), and the row says so.
+                if leader.is_some() && *w != "failover" {
+                    let now = cluster.wait_leader(LEADER_TIMEOUT).await.ok();
+                    if now != leader {
+                        let now = now.map_or("none".to_string(), |l| format!("n{l}"));
+                        let was = leader.map_or("none".to_string(), |l| format!("n{l}"));
+                        moved
+                            .push(format!("the leader changed during the workload: {was} → {now}"));
+                    }
+                }
+                let result = result.map(|mut rows| {
+                    if !moved.is_empty() {
+                        rows.iter_mut().for_each(|r| r.prefix_note(moved.join("; ")));
+                    }
+                    rows
+                });
                 let after = settle::After::measure(&cluster.pids(), || {
                     settle::delayd_busy(&ctx.http, &ctx.nodes)
                 })
