@@ -11,9 +11,8 @@ use anyhow::{bail, Context, Result};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use crate::settle;
 use crate::stats::{join_all, ms_since, Budget, Row, Tally};
-use crate::workloads::{drain_row, Ctx, Drainer, BODY_BYTES};
+use crate::workloads::{drain_row, Ctx, Drainer, BODY_BYTES, PRELOAD_NOT_SETTLED};
 
 /// Jobs added per pipelined round while preloading a drain (not measured).
 const PRELOAD_PIPELINE: u64 = 64;
@@ -113,7 +112,7 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
         t.await??;
     }
     // As the HTTP drains: the preload's flushes and compactions are not the drain's.
-    settle::until_idle(settle::DEADLINE, || settle::delayd_busy(&ctx.http, &ctx.nodes)).await?;
+    let settled = ctx.settle().await;
     ctx.cpu.restart();
     let conns = connect(ctx).await?;
     let acked = Arc::new(AtomicU64::new(0));
@@ -144,5 +143,9 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
         }));
     }
     let latency_of = "GETJOB+ACKJOB (2 round trips)";
-    drain_row(&ctx.system, "disque-drain", latency_of, tasks, total, acked).await
+    let mut row = drain_row(&ctx.system, "disque-drain", latency_of, tasks, total, acked).await?;
+    if let Some(note) = settled.timed_out_note(PRELOAD_NOT_SETTLED) {
+        row.prefix_note(note);
+    }
+    Ok(row)
 }

@@ -37,6 +37,7 @@ use redis::aio::MultiplexedConnection;
 use serde_json::json;
 
 use crate::cluster::{free_ports, Proc};
+use crate::settle;
 use crate::stats::{join_all, ms_since, wall_ms, Budget, CpuMeter, Percentiles, Row, Tally};
 use crate::workloads::{drain_row, open_loop, take, timer_row, Drainer, Opts, BODY_BYTES};
 
@@ -155,9 +156,14 @@ impl Server {
     /// save) running in a child process or scheduled (`INFO persistence`). Redis starts one
     /// on its own once the AOF has doubled since the last (`auto-aof-rewrite-percentage`).
     pub async fn rewriting(&self) -> Result<Option<bool>> {
-        let mut con = self.connect().await?;
-        let info: String = redis::cmd("INFO").arg("persistence").query_async(&mut con).await?;
-        Ok(Some(rewriting(&info)))
+        let ask = async {
+            let mut con = self.connect().await?;
+            let info: String = redis::cmd("INFO").arg("persistence").query_async(&mut con).await?;
+            Ok::<_, anyhow::Error>(Some(rewriting(&info)))
+        };
+        tokio::time::timeout(INFO_TIMEOUT, ask)
+            .await
+            .with_context(|| format!("INFO persistence not answered within {INFO_TIMEOUT:?}"))?
     }
 
     /// A connection of its own (a new TCP connection each call).
@@ -174,6 +180,9 @@ impl Server {
         Ok(conns)
     }
 }
+
+/// How long the bench waits for an answer to `INFO persistence`.
+const INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether an `INFO persistence` answer shows a child process at work or one scheduled.
 fn rewriting(info: &str) -> bool {
@@ -380,7 +389,8 @@ pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> 
         t.await??;
     }
     // A rewrite the preload set off is not the drain's (delayd's drains wait the same way).
-    crate::settle::until_idle(crate::settle::DEADLINE, || server.rewriting()).await?;
+    let busy = || server.rewriting();
+    let settled = settle::or_unknown(settle::until_idle(settle::DEADLINE, busy).await);
     cpu.restart();
     let conns = server.connect_n(opts.clients).await?;
     let acked = Arc::new(AtomicU64::new(0));
@@ -403,7 +413,12 @@ pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> 
             d.finish()
         }));
     }
-    drain_row(SYSTEM, "drain", "reserve+ack (4 round trips)", tasks, total, acked).await
+    let mut row =
+        drain_row(SYSTEM, "drain", "reserve+ack (4 round trips)", tasks, total, acked).await?;
+    if let Some(note) = settled.timed_out_note("the preload's AOF rewrite (run beside the drain)") {
+        row.prefix_note(note);
+    }
+    Ok(row)
 }
 
 /// `lifecycle`: C/2 producers (delay 0) and C/2 consumers (reserve + ack) for T seconds, as

@@ -460,8 +460,8 @@ impl Delayd<'_> {
             for c in levels_of(w, self.levels) {
                 let mut ctx = base.with_clients(c);
                 let _running = progress::phase(format!("{} · {w} · {c} clients", cluster.name));
-                // Which node's CPU is the leader's, as the workload begins (a failover moves
-                // it; the split then names the old leader).
+                // Which node's CPU is the leader's, as the workload begins. Only for clusters
+                // the bench started: a target's URLs need not be in node-id order.
                 let leader = if cluster.node_pids().len() > 1 {
                     cluster.wait_leader(LEADER_TIMEOUT).await.ok()
                 } else {
@@ -508,9 +508,14 @@ impl Delayd<'_> {
                     _ => Ok(Vec::new()),
                 };
                 // After a failover the restarted node has a new pid: it counts from its start.
+                // The killed leader's CPU went with its pid, so that row names no leader.
                 let mut usage = ctx.cpu.finish(&cluster.pids());
+                let after = settle::After::measure(&cluster.pids(), || {
+                    settle::delayd_busy(&ctx.http, &ctx.nodes)
+                })
+                .await;
                 if let Some(u) = usage.as_mut() {
-                    u.name_nodes(&cluster.node_pids(), leader);
+                    u.name_nodes(&cluster.node_pids(), leader.filter(|_| *w != "failover"));
                 }
                 // The leader at the end: one that changed during the workload changed what it
                 // measured (forwarding, an election's pause), and the row says so.
@@ -529,10 +534,6 @@ impl Delayd<'_> {
                     }
                     rows
                 });
-                let after = settle::After::measure(&cluster.pids(), || {
-                    settle::delayd_busy(&ctx.http, &ctx.nodes)
-                })
-                .await;
                 emit_all(rows, &cluster.name, w, c, result, usage, Some(after));
             }
         }

@@ -222,7 +222,7 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
          system) of every server process of the system over the measured part of the workload, \
          per job, children it reaped included; `after: CPU µs/job (s)` the same processes' CPU \
          from the end of the workload until the work it left behind was done (a delayd node's \
-         RocksDB flushes and compactions, a Redis AOF rewrite), per job, and how long that \
+         RocksDB flushes and compactions, a Redis AOF rewrite or RDB save), per job, and how long that \
          took: a cost of the row's jobs that its measured span did not see, and that the next \
          row no longer carries; `server switches/job` the context switches of every server thread over the \
          same span, per job (a lower bound: threads that ended are not counted); `load-gen CPU \
@@ -414,7 +414,7 @@ const WORKLOADS_MD: &str = "## Workloads\n\n\
 - **beanstalkd publish / drain**: `put` one job at a time / `reserve-with-timeout 1` + `delete`, C connections, same bodies.\n\
 - **lmstfy-redis publish / drain / lifecycle / timer**: the Redis commands lmstfy's Redis engine issues, with its round trips, against a `redis-server` with `appendfsync always` started by the bench: publish `SET j/… EX ttl NX` + `LPUSH` (delay 0) or `ZADD` on the timer (now + delay, whole seconds); reserve `BRPOP` + `ZADD` (back on the timer at now + ttr, one try fewer) + `GET`/`TTL` pipelined; ack `DEL`; a pump runs a Lua script once a second moving due timer members (100 at a time) to the ready list or the dead letters. No HTTP layer: an upper bound for lmstfy. Its timer lateness is measured from the whole-second score lmstfy stores.\n\
 - **CPU**: `/proc/<pid>/stat` utime + stime (and cutime + cstime: the children a server reaped, such as Redis's AOF rewrites) of every server process the bench started (all delayd nodes, beanstalkd, redis-server) before and after each workload, per job completed; none for `--target`.\n\
-- **After each workload** the bench waits (up to 120 s) until the servers are done with the work it left behind: every delayd node's `delayd_rocksdb_background_jobs` at 0 (no flush or compaction running or due), no Redis AOF rewrite running or scheduled; beanstalkd leaves none. The servers' CPU over that wait is the row's `after` figure. Drains wait the same way after their preload, before their measured span. Memtables that are not full are not flushed: that happens in whichever row fills them.\n";
+- **After each workload** the bench waits (up to 120 s) until the servers are done with the work it left behind: every delayd node's `delayd_rocksdb_background_jobs` at 0 (no flush or compaction running or due), no Redis AOF rewrite or RDB save running or scheduled; beanstalkd leaves none. The servers' CPU over that wait is the row's `after` figure. Drains wait the same way after their preload, before their measured span. Memtables that are not full are not flushed: that happens in whichever row fills them.\n";
 
 /// Escapes text for SVG.
 fn esc(s: &str) -> String {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::stats::{CpuMeter, CpuUsage, Row, Status};
+use crate::stats::{self, CpuMeter, CpuUsage, Row};
 
 /// How long the bench waits for the work left behind before it goes on regardless (and says
 /// so in the row's note).
@@ -31,6 +31,27 @@ pub enum Settled {
     TimedOut(Duration),
     /// The servers do not say (a delayd build from before `delayd_rocksdb_background_jobs`).
     Unknown,
+}
+
+impl Settled {
+    /// What a row says of a wait that ran out, about `what` was left behind; `None` for one
+    /// that did not.
+    pub fn timed_out_note(&self, what: &str) -> Option<String> {
+        match self {
+            Settled::TimedOut(d) => Some(format!("{what} not done after {:.0} s", d.as_secs_f64())),
+            Settled::Done(_) | Settled::Unknown => None,
+        }
+    }
+}
+
+/// A wait's outcome, with a server that could not be asked (a target whose token may not
+/// read `/metrics`, a Redis that did not answer) taken as one that cannot tell, on a line of
+/// stderr: the workload's own figures stand without the wait.
+pub fn or_unknown(waited: Result<Settled>) -> Settled {
+    waited.unwrap_or_else(|e| {
+        eprintln!("delayd-bench: cannot tell whether the servers are done: {e:#}");
+        Settled::Unknown
+    })
 }
 
 /// Waits until `busy` says the servers have nothing left to do, asking every [`POLL`] up to
@@ -105,8 +126,9 @@ pub struct After {
 
 impl After {
     /// Waits as [`until_idle`] does up to [`DEADLINE`] and measures server processes `pids`
-    /// meanwhile. A server that cannot be asked leaves the wait `Unknown` with a note on
-    /// stderr: the workload's own figures stand without it.
+    /// meanwhile (from the first poll: the idle servers' own CPU and what answering the polls
+    /// costs them count too, a few ms a second), as [`or_unknown`] takes a server that cannot
+    /// be asked.
     pub async fn measure<F, Fut>(pids: &[u32], busy: F) -> After
     where
         F: FnMut() -> Fut,
@@ -114,10 +136,7 @@ impl After {
     {
         let cpu = CpuMeter::default();
         cpu.start(pids);
-        let settled = until_idle(DEADLINE, busy).await.unwrap_or_else(|e| {
-            eprintln!("delayd-bench: cannot tell whether the servers are done: {e:#}");
-            Settled::Unknown
-        });
+        let settled = or_unknown(until_idle(DEADLINE, busy).await);
         After { settled, usage: cpu.finish(pids) }
     }
 
@@ -128,18 +147,15 @@ impl After {
             Settled::Done(d) | Settled::TimedOut(d) => d.as_secs_f64(),
             Settled::Unknown => return,
         };
-        let ran = |r: &&mut Row| matches!(r.status, Status::Ok | Status::Failed);
-        let jobs: u64 = rows.iter_mut().filter(ran).map(|r| r.jobs).sum();
         let server_s = self.usage.as_ref().and_then(|u| u.server_s);
+        let note = self.settled.timed_out_note("work left behind (its CPU so far counted)");
+        let jobs = stats::jobs_of_rows_that_ran(rows);
         let cpu = server_s.filter(|_| jobs > 0).map(|s| s * 1e6 / jobs as f64);
-        for r in rows.iter_mut().filter(ran) {
+        for r in rows.iter_mut().filter(|r| stats::ran(r)) {
             r.after_secs = Some(secs);
             r.after_cpu_us_per_job = cpu;
-            if let Settled::TimedOut(d) = self.settled {
-                r.prefix_note(format!(
-                    "work left behind not done after {:.0} s (its CPU so far counted)",
-                    d.as_secs_f64()
-                ));
+            if let Some(note) = &note {
+                r.prefix_note(note.clone());
             }
         }
     }
@@ -150,6 +166,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+    use crate::stats::Status;
 
     #[test]
     fn background_jobs_are_summed_from_a_scrape() {
@@ -211,6 +228,7 @@ delayd_rocksdb_write_stopped 0
         assert_eq!(rows[0].after_cpu_us_per_job, Some(500.0));
         assert_eq!(rows[0].after_secs, Some(DEADLINE.as_secs_f64()));
         assert!(rows[0].note.contains("not done after 120 s"), "{}", rows[0].note);
+        assert_eq!(Settled::Done(DEADLINE).timed_out_note("x"), None);
         assert_eq!(rows[1].after_secs, None);
         assert!(rows[1].note.is_empty());
     }

@@ -438,6 +438,18 @@ impl CpuMeter {
     }
 }
 
+/// Whether a row ran, and so takes its share of what was measured over its workload (a
+/// skipped or unavailable row did not).
+pub fn ran(r: &Row) -> bool {
+    matches!(r.status, Status::Ok | Status::Failed)
+}
+
+/// The jobs that the rows which ran completed together: what a workload's measurements are
+/// divided by (storage reports several rows for one run).
+pub fn jobs_of_rows_that_ran(rows: &[Row]) -> u64 {
+    rows.iter().filter(|r| ran(r)).map(|r| r.jobs).sum()
+}
+
 impl CpuUsage {
     /// Names the server processes: `nodes` holds each delayd node's id and process id, and
     /// `leader` the id of the node that led when the workload began, if known.
@@ -454,24 +466,18 @@ impl CpuUsage {
     /// figure is per job over all of them (storage reports several rows for one run).
     /// Rows that did not run (skipped, unavailable) get nothing.
     pub fn apply(&self, rows: &mut [Row]) {
-        let ran = |r: &&mut Row| matches!(r.status, Status::Ok | Status::Failed);
-        let jobs: u64 = rows.iter_mut().filter(ran).map(|r| r.jobs).sum();
+        let jobs = jobs_of_rows_that_ran(rows);
         let per_job = |n: f64| (jobs > 0).then(|| n / jobs as f64);
         let us_per_job = |s: f64| per_job(s * 1e6);
         let cpu = self.server_s.and_then(us_per_job);
         let switches = self.server_switches.and_then(|n| per_job(n as f64));
-        let by_thread: BTreeMap<String, f64> = self
-            .server_s_by_thread
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), us_per_job(*s)?)))
-            .collect();
-        let by_node: BTreeMap<String, f64> = self
-            .server_s_by_node
-            .iter()
-            .filter_map(|(name, s)| Some((name.clone(), us_per_job(*s)?)))
-            .collect();
+        let split = |seconds: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+            seconds.iter().filter_map(|(name, s)| Some((name.clone(), us_per_job(*s)?))).collect()
+        };
+        let by_thread = split(&self.server_s_by_thread);
+        let by_node = split(&self.server_s_by_node);
         let pct = (self.wall_s > 0.0).then(|| self.own_s / self.wall_s * 100.0);
-        for r in rows.iter_mut().filter(ran) {
+        for r in rows.iter_mut().filter(|r| ran(r)) {
             r.server_cpu_us_per_job = cpu;
             r.server_switches_per_job = switches;
             r.server_cpu_us_per_job_by_thread = by_thread.clone();

@@ -146,6 +146,14 @@ impl Ctx {
         ctx
     }
 
+    /// Waits, up to [`settle::DEADLINE`], until no node has a flush or compaction running or
+    /// due; a node that cannot be asked (a target whose token may not read `/metrics`)
+    /// leaves the wait [`settle::Settled::Unknown`] (see [`settle::or_unknown`]).
+    pub async fn settle(&self) -> settle::Settled {
+        let busy = || settle::delayd_busy(&self.http, &self.nodes);
+        settle::or_unknown(settle::until_idle(settle::DEADLINE, busy).await)
+    }
+
     /// The credential requests show, if any.
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
@@ -366,13 +374,18 @@ async fn preload(ctx: &Ctx, queue: &str, n: u64) -> Result<()> {
 /// one level's leftovers never reach the next), waits until the nodes have flushed and
 /// compacted what the preload left them (up to [`settle::DEADLINE`]), leaves the preload's
 /// CPU out of the measurement, and returns the queue and how many jobs there are.
-async fn drain_setup(ctx: &Ctx, workload: &str) -> Result<(String, u64)> {
+async fn drain_setup(ctx: &Ctx, workload: &str) -> Result<(String, u64, settle::Settled)> {
     let queue = format!("{workload}-c{}", ctx.opts.clients);
     preload(ctx, &queue, ctx.opts.drain_jobs).await?;
-    settle::until_idle(settle::DEADLINE, || settle::delayd_busy(&ctx.http, &ctx.nodes)).await?;
+    let settled = ctx.settle().await;
     ctx.cpu.restart();
-    Ok((queue, ctx.opts.drain_jobs.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64))
+    Ok((queue, ctx.opts.drain_jobs.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64, settled))
 }
+
+/// What a drain says of a preload whose flushes and compactions were still going when it
+/// began.
+pub const PRELOAD_NOT_SETTLED: &str =
+    "the preload's flushes and compactions (run beside the drain)";
 
 /// `drain`: preload ready jobs, then C consumers reserve + ack (two requests per job) until
 /// all are gone. The ack is lmstfy's, by id alone; with `leased` (`drain-lease`) it shows
@@ -597,7 +610,7 @@ where
     F: Fn(Conn, String, Drainer) -> Fut,
     Fut: Future<Output = (Tally, f64)> + Send + 'static,
 {
-    let (queue, total) = drain_setup(ctx, workload).await?;
+    let (queue, total, settled) = drain_setup(ctx, workload).await?;
     let acked = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -605,7 +618,11 @@ where
         let d = Drainer::new(acked.clone(), total, start);
         tasks.push(tokio::spawn(consumer(ctx.conn(i)?, ctx.queue_path(&queue), d)));
     }
-    drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await
+    let mut row = drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await?;
+    if let Some(note) = settled.timed_out_note(PRELOAD_NOT_SETTLED) {
+        row.prefix_note(note);
+    }
+    Ok(row)
 }
 
 /// One drain consumer's bookkeeping, the same for every system: how long each reserve + ack
@@ -1224,9 +1241,7 @@ pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
         // run moves by hundreds of MB within seconds, as a compaction holds its input and its
         // output at once. The next step starts after this wait.
         let settling = progress::phase(format!("storage: compactions settling at {stored} jobs"));
-        let settled =
-            settle::until_idle(settle::DEADLINE, || settle::delayd_busy(&ctx.http, &ctx.nodes))
-                .await?;
+        let settled = ctx.settle().await;
         let settled_disk: Vec<Option<u64>> = match settled {
             settle::Settled::Done(_) => {
                 let now = cluster.footprint();
@@ -1251,6 +1266,9 @@ pub async fn storage(ctx: &Ctx, cluster: &mut Cluster) -> Result<Vec<Row>> {
         row.extra.insert("stored_jobs".into(), json!(stored));
         row.extra.insert("nodes".into(), Value::Array(nodes));
         let mut note = format!("{stored} stored (publish rate shown): {}", parts.join(", "));
+        if let Some(text) = settled.timed_out_note("flushes and compactions (no settled disk)") {
+            note.push_str(&format!("; {text}"));
+        }
         if first_rss.is_empty() {
             first_rss = feet.iter().map(|(id, rss, _)| (*id, *rss)).collect();
         } else {

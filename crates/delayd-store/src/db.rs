@@ -720,32 +720,35 @@ mod tests {
             .expect("level 0's file count")
     }
 
-    /// A compaction shows as background work from the moment it is due until it is done, and
-    /// then nothing does: eight overlapping level-0 files wait with compactions off, which
-    /// are then turned on (that schedules the compaction before it returns), and the work is
-    /// read until it is idle.
+    /// A compaction shows as background work from the moment it is due, while it runs, and
+    /// then nothing does: eight overlapping level-0 files wait with compactions off (due, but
+    /// not started), compactions are turned back on, and the work is read until it is idle.
     #[test]
     fn background_work_is_seen_until_compactions_are_done() {
         let dir = tempfile::tempdir().expect("dir");
         let db = open(dir.path(), None).expect("open");
+        assert!(background_work(&db).expect("read").is_idle(), "a new database has no work");
         let jobs = cf(&db, Cf::Jobs.name()).expect("cf");
         db.set_options_cf(jobs, &[("disable_auto_compactions", "true")]).expect("set");
         for file in 0..8u64 {
             overlapping_level0_file(&db, jobs, file << 32);
         }
         assert_eq!(level0_files(&db, jobs), 8);
-        db.set_options_cf(jobs, &[("disable_auto_compactions", "false")]).expect("set");
         let due = background_work(&db).expect("read");
-        assert!(due.compactions_running + due.compactions_pending >= 1, "{due:?}");
+        assert_eq!((due.compactions_pending, due.compactions_running), (1, 0), "{due:?}");
+        db.set_options_cf(jobs, &[("disable_auto_compactions", "false")]).expect("set");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut most_running = 0;
         loop {
             let work = background_work(&db).expect("read");
+            most_running = most_running.max(work.compactions_running);
             if work.is_idle() {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "still busy after 60 s: {work:?}");
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
+        assert!(most_running >= 1, "the compaction was never seen running");
         assert!(level0_files(&db, jobs) < 8, "idle before level 0 was compacted");
     }
 
