@@ -80,7 +80,8 @@ fn unlabel(system: &str) -> Option<(&str, char, usize)> {
     Some((base, side, pair))
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The median of `v`, `None` when it is empty.
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

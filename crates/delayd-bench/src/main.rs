@@ -117,6 +117,12 @@ struct Args {
     /// Pairs of runs with `--compare-bin`.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=100))]
     pairs: u64,
+    /// Runs every selected system and workload this many times over, in the same order each
+    /// round, and gives every ratio to a peer per round (within the round) and its median and
+    /// range over the rounds. One run on a shared machine can move a ratio by half from one
+    /// half hour to the next.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+    rounds: u64,
     /// Workloads to run, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
     workloads: Vec<String>,
@@ -322,33 +328,53 @@ async fn run(args: Args) -> Result<ExitCode> {
         other => other.clone(),
     };
 
+    if args.rounds > 1 && compare_bin.is_some() {
+        bail!("--rounds with --compare-bin: the pairs already repeat the runs; give one of them");
+    }
+    let rounds = usize::try_from(args.rounds).unwrap_or(1);
+
     let mut rows = Vec::new();
+    let mut ratios = Vec::new();
     println!("{}", report::table_header());
     let levels = args.levels();
     let delayd = Delayd { args: &args, opts: &opts, selected: &selected, levels: &levels, ns: &ns };
-    match &compare_bin {
-        None => delayd.run(&bin, None, &mut rows).await,
-        Some(other) => {
-            for pair in 1..=usize::try_from(args.pairs).unwrap_or(1) {
-                for side in compare::order(pair) {
-                    let side_bin = if side == 'A' { &bin } else { other };
-                    let label = compare::label(side, pair);
-                    delayd.run(side_bin, Some(&label), &mut rows).await;
+    for round in 1..=rounds {
+        let first = rows.len();
+        if rounds > 1 {
+            println!("round {round} of {rounds}");
+        }
+        match &compare_bin {
+            None => delayd.run(&bin, None, &mut rows).await,
+            Some(other) => {
+                for pair in 1..=usize::try_from(args.pairs).unwrap_or(1) {
+                    for side in compare::order(pair) {
+                        let side_bin = if side == 'A' { &bin } else { other };
+                        let label = compare::label(side, pair);
+                        delayd.run(side_bin, Some(&label), &mut rows).await;
+                    }
                 }
             }
         }
+        if args.beanstalkd {
+            run_beanstalkd(&args, &opts, &levels, &selected, &mut rows).await;
+        }
+        if args.lmstfy_redis {
+            run_lmstfy(&args, &opts, &levels, &selected, &mut rows).await;
+        }
+        // Ratios within the round only: its systems ran side by side.
+        if rounds > 1 {
+            let label = report::round_label(round);
+            rows[first..].iter_mut().for_each(|r| r.system = labelled(&r.system, Some(&label)));
+        }
+        ratios.extend(report::ratios(&rows[first..]));
     }
 
-    if args.beanstalkd {
-        run_beanstalkd(&args, &opts, &levels, &selected, &mut rows).await;
-    }
-    if args.lmstfy_redis {
-        run_lmstfy(&args, &opts, &levels, &selected, &mut rows).await;
-    }
-
-    let ratios = report::ratios(&rows);
     if !ratios.is_empty() {
         println!("\n{}", report::ratio_table(&ratios));
+    }
+    let over_rounds = if rounds > 1 { report::over_rounds(&ratios) } else { Vec::new() };
+    if !over_rounds.is_empty() {
+        println!("\n{}", report::over_rounds_table(&over_rounds));
     }
     let comparisons = compare::compare(&rows);
     if let Some(other) = &compare_bin {
@@ -363,6 +389,8 @@ async fn run(args: Args) -> Result<ExitCode> {
         "delayd_profile": profile,
         "compare_bin": compare_bin.as_ref().map(|b| b.display().to_string()),
         "comparison": comparisons,
+        "rounds": rounds,
+        "ratios_over_rounds": over_rounds,
         "started_unix_s": started,
         "smoke": args.smoke,
         "client_levels": levels,
@@ -375,7 +403,7 @@ async fn run(args: Args) -> Result<ExitCode> {
         eprintln!("delayd-bench: wrote {}", path.display());
     }
     if let Some(dir) = &args.report {
-        report::write_report(dir, &meta, &rows, &ratios)?;
+        report::write_report(dir, &meta, &rows, &ratios, &over_rounds)?;
         eprintln!("delayd-bench: wrote {}/report.md", dir.display());
     }
 

@@ -74,6 +74,93 @@ pub fn ratios(rows: &[Row]) -> Vec<Ratio> {
     out
 }
 
+/// The label of round `round` (from 1) of a `--rounds` run, put at the end of its rows'
+/// system names.
+pub fn round_label(round: usize) -> String {
+    format!("(round {round})")
+}
+
+/// `system` without its round label, and the round; `None` for a name without one.
+fn without_round(system: &str) -> Option<(&str, usize)> {
+    let (base, tag) = system.rsplit_once(" (round ")?;
+    Some((base, tag.strip_suffix(')')?.parse().ok()?))
+}
+
+/// One ratio to a peer over the rounds of a `--rounds` run.
+#[derive(Debug, Clone, Serialize)]
+pub struct OverRounds {
+    /// The delayd system without its round label.
+    pub delayd: String,
+    pub delayd_workload: String,
+    /// The peer without its round label.
+    pub peer: String,
+    pub peer_workload: String,
+    pub clients: Option<usize>,
+    /// Each round's ratio, in round order (a round whose row failed has none).
+    pub ratios: Vec<f64>,
+    /// Their median.
+    pub median: f64,
+}
+
+/// Groups per-round ratios (each taken within its round) by what they compare, in the order
+/// first seen; ratios without a round label are left out.
+pub fn over_rounds(ratios: &[Ratio]) -> Vec<OverRounds> {
+    let mut out: Vec<OverRounds> = Vec::new();
+    for r in ratios {
+        let (Some((delayd, _)), Some((peer, _))) =
+            (without_round(&r.delayd), without_round(&r.peer))
+        else {
+            continue;
+        };
+        let same = |o: &&mut OverRounds| {
+            o.delayd == delayd
+                && o.delayd_workload == r.delayd_workload
+                && o.peer == peer
+                && o.peer_workload == r.peer_workload
+                && o.clients == r.clients
+        };
+        match out.iter_mut().find(same) {
+            Some(o) => o.ratios.push(r.ratio),
+            None => out.push(OverRounds {
+                delayd: delayd.to_string(),
+                delayd_workload: r.delayd_workload.clone(),
+                peer: peer.to_string(),
+                peer_workload: r.peer_workload.clone(),
+                clients: r.clients,
+                ratios: vec![r.ratio],
+                median: 0.0,
+            }),
+        }
+    }
+    for o in &mut out {
+        o.median = crate::compare::median(o.ratios.clone()).unwrap_or(f64::NAN);
+    }
+    out
+}
+
+/// The ratios over the rounds as plain text: median, then each round's.
+pub fn over_rounds_table(over: &[OverRounds]) -> String {
+    let mut s = format!(
+        "{:<36} {:<22} {:>3} {:<36} {:<10} {:>7}  {}\n",
+        "delayd", "workload", "c", "vs", "workload", "median", "rounds"
+    );
+    for o in over {
+        let each: Vec<String> = o.ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let _ = writeln!(
+            s,
+            "{:<36} {:<22} {:>3} {:<36} {:<10} {:>6.2}x  {}",
+            o.delayd,
+            o.delayd_workload,
+            clients(o.clients),
+            o.peer,
+            o.peer_workload,
+            o.median,
+            each.join(" ")
+        );
+    }
+    s
+}
+
 /// `v` with `prec` decimals, or `-`.
 pub(crate) fn opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.prec$}"))
@@ -191,7 +278,13 @@ pub fn write_json(path: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) -> 
 }
 
 /// Writes `report.md` and its SVG charts into `dir`.
-pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) -> Result<()> {
+pub fn write_report(
+    dir: &Path,
+    meta: &Value,
+    rows: &[Row],
+    ratios: &[Ratio],
+    over: &[OverRounds],
+) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut md = String::from("# delayd benchmark\n\n");
     let _ = writeln!(md, "Run: `{}`\n", meta["command"].as_str().unwrap_or(""));
@@ -278,6 +371,30 @@ pub fn write_report(dir: &Path, meta: &Value, rows: &[Row], ratios: &[Ratio]) ->
                 r.peer,
                 r.peer_workload,
                 r.ratio
+            );
+        }
+    }
+    if !over.is_empty() {
+        let _ = write!(
+            md,
+            "\n## delayd ÷ peers over {} rounds\n\nEach round ran every system once, in the \
+             same order; a round's ratio is taken within it. The median, then each round's.\n\n\
+             | delayd | workload | c | peer | workload | median | each round |\n\
+             |---|---|---:|---|---|---:|---|\n",
+            meta["rounds"]
+        );
+        for o in over {
+            let each: Vec<String> = o.ratios.iter().map(|r| format!("{r:.2}×")).collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {:.2}× | {} |",
+                o.delayd,
+                o.delayd_workload,
+                clients(o.clients),
+                o.peer,
+                o.peer_workload,
+                o.median,
+                each.join(", ")
             );
         }
     }
@@ -697,6 +814,43 @@ mod tests {
         let md = by_thread_md(&[row]);
         assert!(md.contains("| sys | publish | 64 | `workers` 82, `wal` 5 |"), "{md}");
         assert!(!md.contains("`half`") && !md.contains("`idle`"), "{md}");
+    }
+
+    /// Ratios taken within each round are grouped by what they compare, across rounds, with
+    /// their median; one without a round label is left out.
+    #[test]
+    fn ratios_over_rounds_are_grouped_with_their_median() {
+        let ratio = |round: usize, workload: &str, r: f64| Ratio {
+            delayd: format!("delayd 3 nodes {}", round_label(round)),
+            delayd_workload: workload.to_string(),
+            peer: format!("lmstfy-redis (appendfsync always) {}", round_label(round)),
+            peer_workload: "drain".to_string(),
+            clients: Some(64),
+            ratio: r,
+        };
+        let mut ratios = vec![
+            ratio(1, "drain", 0.46),
+            ratio(1, "drain-ackfirst", 0.86),
+            ratio(2, "drain", 0.99),
+            ratio(2, "drain-ackfirst", 1.04),
+            ratio(3, "drain", 0.70),
+        ];
+        ratios.push(Ratio { delayd: "delayd 1 node".into(), ..ratio(1, "drain", 9.0) });
+        let over = over_rounds(&ratios);
+        assert_eq!(over.len(), 2, "{over:?}");
+        assert_eq!(
+            (over[0].delayd.as_str(), over[0].delayd_workload.as_str()),
+            ("delayd 3 nodes", "drain")
+        );
+        assert_eq!(over[0].peer, "lmstfy-redis (appendfsync always)");
+        assert_eq!(over[0].ratios, [0.46, 0.99, 0.70]);
+        assert_eq!(over[0].median, 0.70);
+        assert_eq!(over[1].ratios, [0.86, 1.04]);
+        assert!((over[1].median - 0.95).abs() < 1e-9);
+        let table = over_rounds_table(&over);
+        assert!(table.contains("0.70x  0.46 0.99 0.70"), "{table}");
+        assert_eq!(without_round("delayd 1 node (round 12)"), Some(("delayd 1 node", 12)));
+        assert_eq!(without_round("delayd 1 node"), None);
     }
 
     #[test]

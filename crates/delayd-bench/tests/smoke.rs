@@ -154,6 +154,65 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
     Ok(())
 }
 
+/// `--rounds 2` runs each system twice, labels each round's rows, takes each round's ratios
+/// within it and gives their median over the rounds.
+#[test]
+fn rounds_repeat_every_system_and_give_each_ratio_per_round() -> Result<()> {
+    let Some(delayd) = delayd_bin() else {
+        eprintln!("skipped: target/debug/delayd is missing (cargo build -p delayd)");
+        return Ok(());
+    };
+    if !beanstalkd_installed() {
+        eprintln!("skipped: beanstalkd is not installed (the rounds need a peer)");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let json = dir.path().join("rounds.json");
+    let stdout = succeeded(
+        Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
+            .args(["--smoke", "--rounds", "2", "--workloads", "publish-http", "--beanstalkd"])
+            .arg("--bin")
+            .arg(&delayd)
+            .arg("--json")
+            .arg(&json),
+    )?;
+    let results: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let rows = results["rows"].as_array().context("rows")?;
+    for round in ["(round 1)", "(round 2)"] {
+        let of_round = |system: &str| {
+            rows.iter().any(|r| {
+                r["system"].as_str().is_some_and(|s| s.starts_with(system) && s.ends_with(round))
+            })
+        };
+        ensure!(
+            of_round("delayd") && of_round("beanstalkd"),
+            "no rows of {round}
+{stdout}"
+        );
+    }
+    let ratios = results["ratios"].as_array().context("ratios")?;
+    ensure!(
+        ratios.iter().all(|r| {
+            fn round(s: &Value) -> Option<String> {
+                Some(s.as_str()?.rsplit_once(" (round ")?.1.to_string())
+            }
+            round(&r["delayd"]).is_some() && round(&r["delayd"]) == round(&r["peer"])
+        }),
+        "a ratio across rounds: {ratios:?}"
+    );
+    let over = results["meta"]["ratios_over_rounds"].as_array().context("over rounds")?;
+    ensure!(
+        !over.is_empty(),
+        "no ratio over the rounds
+{stdout}"
+    );
+    for o in over {
+        ensure!(o["ratios"].as_array().map(Vec::len) == Some(2), "two rounds each: {o}");
+        ensure!(o["median"].as_f64().is_some_and(|m| m > 0.0), "a median: {o}");
+    }
+    Ok(())
+}
+
 #[test]
 fn compare_mode_runs_both_builds_in_alternating_pairs() -> Result<()> {
     let Some(delayd) = delayd_bin() else {
