@@ -12,7 +12,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use crate::stats::{join_all, ms_since, Budget, Row, Tally};
-use crate::workloads::{drain_row, Ctx, Drainer, BODY_BYTES, PRELOAD_NOT_SETTLED};
+use crate::workloads::{drain_row, Ctx, Drainer, BODY_BYTES};
 
 /// Jobs added per pipelined round while preloading a drain (not measured).
 const PRELOAD_PIPELINE: u64 = 64;
@@ -143,9 +143,6 @@ pub async fn drain(ctx: &Ctx) -> Result<Row> {
         }));
     }
     let latency_of = "GETJOB+ACKJOB (2 round trips)";
-    let mut row = drain_row(&ctx.system, "disque-drain", latency_of, tasks, total, acked).await?;
-    if let Some(note) = settled.timed_out_note(PRELOAD_NOT_SETTLED) {
-        row.prefix_note(note);
-    }
-    Ok(row)
+    settled
+        .note_preload(drain_row(&ctx.system, "disque-drain", latency_of, tasks, total, acked).await)
 }

@@ -389,8 +389,7 @@ pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> 
         t.await??;
     }
     // A rewrite the preload set off is not the drain's (delayd's drains wait the same way).
-    let busy = || server.rewriting();
-    let settled = settle::or_unknown(settle::until_idle(settle::DEADLINE, busy).await);
+    let settled = settle::wait(|| server.rewriting()).await;
     cpu.restart();
     let conns = server.connect_n(opts.clients).await?;
     let acked = Arc::new(AtomicU64::new(0));
@@ -413,12 +412,9 @@ pub async fn drain(server: &Server, opts: &Opts, cpu: &CpuMeter) -> Result<Row> 
             d.finish()
         }));
     }
-    let mut row =
-        drain_row(SYSTEM, "drain", "reserve+ack (4 round trips)", tasks, total, acked).await?;
-    if let Some(note) = settled.timed_out_note("the preload's AOF rewrite (run beside the drain)") {
-        row.prefix_note(note);
-    }
-    Ok(row)
+    settled.note_preload(
+        drain_row(SYSTEM, "drain", "reserve+ack (4 round trips)", tasks, total, acked).await,
+    )
 }
 
 /// `lifecycle`: C/2 producers (delay 0) and C/2 consumers (reserve + ack) for T seconds, as

@@ -488,26 +488,13 @@ impl Delayd<'_> {
             for c in levels_of(w, self.levels) {
                 let mut ctx = base.with_clients(c);
                 let _running = progress::phase(format!("{} · {w} · {c} clients", cluster.name));
-                // Which node's CPU is the leader's, as the workload begins. Only for clusters
-                // the bench started: a target's URLs need not be in node-id order.
-                let leader = if cluster.node_pids().len() > 1 {
-                    cluster.wait_leader(LEADER_TIMEOUT).await.ok()
-                } else {
-                    None
-                };
-                // A leader that moved since the clients were steered to it (an election under
-                // load) would have every request of a "via the leader" row forwarded.
-                let mut moved: Vec<String> = Vec::new();
-                if let Some(l) = leader {
-                    match cluster.follow_leader(l) {
-                        Ok(true) => {
-                            moved.push(format!("the leader had moved to n{l}: clients sent there"))
-                        }
-                        Ok(false) => {}
-                        Err(e) => moved.push(format!("cannot follow the leader: {e:#}")),
-                    }
-                    ctx.urls = cluster.client_urls();
+                let mut watch = LeaderWatch::begin(&mut cluster).await;
+                if *w == "failover" {
+                    // It kills the leader on purpose, whose CPU goes with its pid: the row
+                    // names no leader and notes no change.
+                    watch.leader = None;
                 }
+                ctx.urls = cluster.client_urls();
                 ctx.cpu.start(&cluster.pids());
                 let result = match *w {
                     "publish-http" => workloads::publish(&ctx, false).await.map(|r| vec![r]),
@@ -536,41 +523,76 @@ impl Delayd<'_> {
                     _ => Ok(Vec::new()),
                 };
                 // After a failover the restarted node has a new pid: it counts from its start.
-                // The killed leader's CPU went with its pid, so that row names no leader.
                 let mut usage = ctx.cpu.finish(&cluster.pids());
-                let after = settle::After::measure(&cluster.pids(), || {
-                    settle::delayd_busy(&ctx.http, &ctx.nodes)
-                })
-                .await;
+                let after = settle::After::measure(&cluster.pids(), || ctx.busy()).await;
                 if let Some(u) = usage.as_mut() {
-                    u.name_nodes(&cluster.node_pids(), leader.filter(|_| *w != "failover"));
+                    u.name_nodes(&cluster.node_pids(), watch.leader);
                 }
-                // The leader at the end: one that changed during the workload changed what it
-                // measured (forwarding, an election's pause), and the row says so.
-                if leader.is_some() && *w != "failover" {
-                    let now = cluster.wait_leader(LEADER_TIMEOUT).await.ok();
-                    if now != leader {
-                        let now = now.map_or("none".to_string(), |l| format!("n{l}"));
-                        let was = leader.map_or("none".to_string(), |l| format!("n{l}"));
-                        moved
-                            .push(format!("the leader changed during the workload: {was} → {now}"));
-                    }
-                }
-                let result = result.map(|mut rows| {
-                    if !moved.is_empty() {
-                        rows.iter_mut().for_each(|r| r.prefix_note(moved.join("; ")));
-                    }
-                    rows
-                });
+                let result = watch.end(&mut cluster).await.note(result);
                 emit_all(rows, &cluster.name, w, c, result, usage, Some(after));
             }
         }
     }
 }
 
-/// How long the bench waits for the nodes to agree on a leader before a workload, to name
-/// the leader in the CPU split by node (without it the split names no leader).
+/// How long the bench waits for the nodes to agree on a leader before and after a workload
+/// (without one the CPU split names no leader, and the leader is not checked).
 const LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The leader of a cluster the bench started, as a workload began, and what the workload's
+/// rows say of it. A leader that moved since the clients were steered to it (an election
+/// under load) would have every request of a "via the leader" row forwarded; one that
+/// changed during the workload changed what it measured.
+#[derive(Default)]
+struct LeaderWatch {
+    /// `None` for a target (its URLs need not be in node-id order), a single node, or no
+    /// agreed leader.
+    leader: Option<u64>,
+    notes: Vec<String>,
+}
+
+impl LeaderWatch {
+    /// Finds the leader and sends steered clients to it if it moved.
+    async fn begin(cluster: &mut Cluster) -> LeaderWatch {
+        let mut watch = LeaderWatch::default();
+        if cluster.node_pids().len() < 2 {
+            return watch;
+        }
+        watch.leader = cluster.wait_leader(LEADER_TIMEOUT).await.ok();
+        if let Some(l) = watch.leader {
+            match cluster.follow_leader(l) {
+                Ok(false) => {}
+                Ok(true) => {
+                    watch.notes.push(format!("the leader had moved to n{l}: clients sent there"))
+                }
+                Err(e) => watch.notes.push(format!("cannot follow the leader: {e:#}")),
+            }
+        }
+        watch
+    }
+
+    /// Checks the leader again once the workload is over.
+    async fn end(mut self, cluster: &mut Cluster) -> LeaderWatch {
+        if let Some(was) = self.leader {
+            let now = cluster.wait_leader(LEADER_TIMEOUT).await.ok();
+            if now != Some(was) {
+                let now = now.map_or("none".to_string(), |l| format!("n{l}"));
+                self.notes.push(format!("the leader changed during the workload: n{was} → {now}"));
+            }
+        }
+        self
+    }
+
+    /// The workload's rows with what was seen put in front of their notes.
+    fn note(&self, result: Result<Vec<Row>>) -> Result<Vec<Row>> {
+        result.map(|mut rows| {
+            if !self.notes.is_empty() {
+                rows.iter_mut().for_each(|r| r.prefix_note(self.notes.join("; ")));
+            }
+            rows
+        })
+    }
+}
 
 /// `name` with ` label` at its end, when there is a label.
 fn labelled(name: &str, label: Option<&str>) -> String {

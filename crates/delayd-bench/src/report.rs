@@ -138,25 +138,36 @@ pub fn over_rounds(ratios: &[Ratio]) -> Vec<OverRounds> {
     out
 }
 
+/// An over-rounds line's cells, for the text table and the report alike: what it compares,
+/// its median, and every round's figure; ratios end in `unit` and rounds are joined by `sep`.
+fn over_rounds_cells(o: &OverRounds, unit: &str, sep: &str) -> [String; 7] {
+    let each: Vec<String> = o.ratios.iter().map(|r| format!("{r:.2}{unit}")).collect();
+    [
+        o.delayd.clone(),
+        o.delayd_workload.clone(),
+        clients(o.clients),
+        o.peer.clone(),
+        o.peer_workload.clone(),
+        format!("{:.2}{unit}", o.median),
+        each.join(sep),
+    ]
+}
+
 /// The ratios over the rounds as plain text: median, then each round's.
 pub fn over_rounds_table(over: &[OverRounds]) -> String {
-    let mut s = format!(
-        "{:<36} {:<22} {:>3} {:<36} {:<10} {:>7}  {}\n",
-        "delayd", "workload", "c", "vs", "workload", "median", "rounds"
-    );
+    let line = |c: &[String; 7]| {
+        format!(
+            "{:<36} {:<22} {:>3} {:<36} {:<10} {:>7}  {}\n",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6]
+        )
+    };
+    let header =
+        ["delayd", "workload", "c", "vs", "workload", "median", "rounds"].map(String::from);
+    let mut s = line(&header);
     for o in over {
-        let each: Vec<String> = o.ratios.iter().map(|r| format!("{r:.2}")).collect();
-        let _ = writeln!(
-            s,
-            "{:<36} {:<22} {:>3} {:<36} {:<10} {:>6.2}x  {}",
-            o.delayd,
-            o.delayd_workload,
-            clients(o.clients),
-            o.peer,
-            o.peer_workload,
-            o.median,
-            each.join(" ")
-        );
+        let mut cells = over_rounds_cells(o, "", " ");
+        cells[5].push('x');
+        s.push_str(&line(&cells));
     }
     s
 }
@@ -384,18 +395,7 @@ pub fn write_report(
             meta["rounds"]
         );
         for o in over {
-            let each: Vec<String> = o.ratios.iter().map(|r| format!("{r:.2}×")).collect();
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {:.2}× | {} |",
-                o.delayd,
-                o.delayd_workload,
-                clients(o.clients),
-                o.peer,
-                o.peer_workload,
-                o.median,
-                each.join(", ")
-            );
+            let _ = writeln!(md, "| {} |", over_rounds_cells(o, "×", ", ").join(" | "));
         }
     }
     md.push_str("\n## Charts\n\n");

@@ -29,7 +29,8 @@ pub enum Settled {
     Done(Duration),
     /// Still busy at the deadline.
     TimedOut(Duration),
-    /// The servers do not say (a delayd build from before `delayd_rocksdb_background_jobs`).
+    /// The servers could not say: a delayd build from before `delayd_rocksdb_background_jobs`,
+    /// or a server that could not be asked (see [`wait`]).
     Unknown,
 }
 
@@ -42,13 +43,29 @@ impl Settled {
             Settled::Done(_) | Settled::Unknown => None,
         }
     }
+
+    /// A drain's row, noted when this wait, after its preload, ran out (the preload's work
+    /// then ran beside the drain).
+    pub fn note_preload(&self, row: Result<Row>) -> Result<Row> {
+        let note = self.timed_out_note("the work the preload left behind (run beside the drain)");
+        row.map(|mut row| {
+            if let Some(note) = note {
+                row.prefix_note(note);
+            }
+            row
+        })
+    }
 }
 
-/// A wait's outcome, with a server that could not be asked (a target whose token may not
-/// read `/metrics`, a Redis that did not answer) taken as one that cannot tell, on a line of
-/// stderr: the workload's own figures stand without the wait.
-pub fn or_unknown(waited: Result<Settled>) -> Settled {
-    waited.unwrap_or_else(|e| {
+/// Waits as [`until_idle`] does, up to [`DEADLINE`]. A server that could not be asked (a
+/// target whose token may not read `/metrics`, a Redis that did not answer) makes the wait
+/// [`Settled::Unknown`], with a line on stderr: the workload's own figures stand without it.
+pub async fn wait<F, Fut>(busy: F) -> Settled
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<bool>>>,
+{
+    until_idle(DEADLINE, busy).await.unwrap_or_else(|e| {
         eprintln!("delayd-bench: cannot tell whether the servers are done: {e:#}");
         Settled::Unknown
     })
@@ -125,10 +142,9 @@ pub struct After {
 }
 
 impl After {
-    /// Waits as [`until_idle`] does up to [`DEADLINE`] and measures server processes `pids`
-    /// meanwhile (from the first poll: the idle servers' own CPU and what answering the polls
-    /// costs them count too, a few ms a second), as [`or_unknown`] takes a server that cannot
-    /// be asked.
+    /// Waits as [`wait`] does and measures server processes `pids` meanwhile (from the first
+    /// poll: the idle servers' own CPU and what answering the polls costs them count too, a
+    /// few ms a second).
     pub async fn measure<F, Fut>(pids: &[u32], busy: F) -> After
     where
         F: FnMut() -> Fut,
@@ -136,7 +152,7 @@ impl After {
     {
         let cpu = CpuMeter::default();
         cpu.start(pids);
-        let settled = or_unknown(until_idle(DEADLINE, busy).await);
+        let settled = wait(busy).await;
         After { settled, usage: cpu.finish(pids) }
     }
 
@@ -229,6 +245,9 @@ delayd_rocksdb_write_stopped 0
         assert_eq!(rows[0].after_secs, Some(DEADLINE.as_secs_f64()));
         assert!(rows[0].note.contains("not done after 120 s"), "{}", rows[0].note);
         assert_eq!(Settled::Done(DEADLINE).timed_out_note("x"), None);
+        let drained =
+            Settled::TimedOut(DEADLINE).note_preload(Ok(Row::new("s", "drain", Status::Ok)));
+        assert!(drained.expect("row").note.contains("preload"), "the drain's row says so");
         assert_eq!(rows[1].after_secs, None);
         assert!(rows[1].note.is_empty());
     }

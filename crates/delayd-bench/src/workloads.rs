@@ -146,12 +146,16 @@ impl Ctx {
         ctx
     }
 
-    /// Waits, up to [`settle::DEADLINE`], until no node has a flush or compaction running or
-    /// due; a node that cannot be asked (a target whose token may not read `/metrics`)
-    /// leaves the wait [`settle::Settled::Unknown`] (see [`settle::or_unknown`]).
+    /// Whether any node has a flush or compaction running or due; see
+    /// [`settle::delayd_busy`].
+    pub async fn busy(&self) -> Result<Option<bool>> {
+        settle::delayd_busy(&self.http, &self.nodes).await
+    }
+
+    /// Waits until no node has a flush or compaction running or due, as [`settle::wait`]
+    /// does.
     pub async fn settle(&self) -> settle::Settled {
-        let busy = || settle::delayd_busy(&self.http, &self.nodes);
-        settle::or_unknown(settle::until_idle(settle::DEADLINE, busy).await)
+        settle::wait(|| self.busy()).await
     }
 
     /// The credential requests show, if any.
@@ -381,11 +385,6 @@ async fn drain_setup(ctx: &Ctx, workload: &str) -> Result<(String, u64, settle::
     ctx.cpu.restart();
     Ok((queue, ctx.opts.drain_jobs.div_ceil(BULK_JOBS as u64) * BULK_JOBS as u64, settled))
 }
-
-/// What a drain says of a preload whose flushes and compactions were still going when it
-/// began.
-pub const PRELOAD_NOT_SETTLED: &str =
-    "the preload's flushes and compactions (run beside the drain)";
 
 /// `drain`: preload ready jobs, then C consumers reserve + ack (two requests per job) until
 /// all are gone. The ack is lmstfy's, by id alone; with `leased` (`drain-lease`) it shows
@@ -618,11 +617,7 @@ where
         let d = Drainer::new(acked.clone(), total, start);
         tasks.push(tokio::spawn(consumer(ctx.conn(i)?, ctx.queue_path(&queue), d)));
     }
-    let mut row = drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await?;
-    if let Some(note) = settled.timed_out_note(PRELOAD_NOT_SETTLED) {
-        row.prefix_note(note);
-    }
-    Ok(row)
+    settled.note_preload(drain_row(&ctx.system, workload, latency_of, tasks, total, acked).await)
 }
 
 /// One drain consumer's bookkeeping, the same for every system: how long each reserve + ack

@@ -2,7 +2,7 @@
 //! single-node `target/debug/delayd` (and beanstalkd and lmstfy's Redis data path, if
 //! beanstalkd and redis-server are installed), and no job is delivered before its due time. Nothing about timing is asserted: CI machines are too noisy for that.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{ensure, Context, Result};
@@ -30,6 +30,31 @@ fn succeeded(cmd: &mut Command) -> Result<String> {
     Ok(stdout)
 }
 
+/// `target/<profile>/delayd`, or `None` with a line saying the test is skipped.
+fn delayd_or_skip() -> Option<PathBuf> {
+    let bin = delayd_bin();
+    if bin.is_none() {
+        eprintln!("skipped: target/debug/delayd is missing (cargo build -p delayd)");
+    }
+    bin
+}
+
+/// Runs `delayd-bench` with `args` against `delayd`, and returns the JSON it wrote and its
+/// standard output.
+fn bench_json(delayd: &Path, args: &[&str]) -> Result<(Value, String)> {
+    let dir = tempfile::tempdir()?;
+    let json = dir.path().join("bench.json");
+    let stdout = succeeded(
+        Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
+            .args(args)
+            .arg("--bin")
+            .arg(delayd)
+            .arg("--json")
+            .arg(&json),
+    )?;
+    Ok((serde_json::from_slice(&std::fs::read(&json)?)?, stdout))
+}
+
 fn beanstalkd_installed() -> bool {
     Command::new("beanstalkd").arg("-v").output().is_ok_and(|o| o.status.success())
 }
@@ -40,10 +65,7 @@ fn redis_server_installed() -> bool {
 
 #[test]
 fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
-    let Some(delayd) = delayd_bin() else {
-        eprintln!("skipped: target/debug/delayd is missing (cargo build -p delayd)");
-        return Ok(());
-    };
+    let Some(delayd) = delayd_or_skip() else { return Ok(()) };
     let dir = tempfile::tempdir()?;
     let json = dir.path().join("smoke.json");
     let report = dir.path().join("report");
@@ -158,25 +180,13 @@ fn smoke_runs_every_workload_without_early_deliveries() -> Result<()> {
 /// within it and gives their median over the rounds.
 #[test]
 fn rounds_repeat_every_system_and_give_each_ratio_per_round() -> Result<()> {
-    let Some(delayd) = delayd_bin() else {
-        eprintln!("skipped: target/debug/delayd is missing (cargo build -p delayd)");
-        return Ok(());
-    };
+    let Some(delayd) = delayd_or_skip() else { return Ok(()) };
     if !beanstalkd_installed() {
         eprintln!("skipped: beanstalkd is not installed (the rounds need a peer)");
         return Ok(());
     }
-    let dir = tempfile::tempdir()?;
-    let json = dir.path().join("rounds.json");
-    let stdout = succeeded(
-        Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
-            .args(["--smoke", "--rounds", "2", "--workloads", "publish-http", "--beanstalkd"])
-            .arg("--bin")
-            .arg(&delayd)
-            .arg("--json")
-            .arg(&json),
-    )?;
-    let results: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let args = ["--smoke", "--rounds", "2", "--workloads", "publish-http", "--beanstalkd"];
+    let (results, stdout) = bench_json(&delayd, &args)?;
     let rows = results["rows"].as_array().context("rows")?;
     for round in ["(round 1)", "(round 2)"] {
         let of_round = |system: &str| {
@@ -184,11 +194,7 @@ fn rounds_repeat_every_system_and_give_each_ratio_per_round() -> Result<()> {
                 r["system"].as_str().is_some_and(|s| s.starts_with(system) && s.ends_with(round))
             })
         };
-        ensure!(
-            of_round("delayd") && of_round("beanstalkd"),
-            "no rows of {round}
-{stdout}"
-        );
+        ensure!(of_round("delayd") && of_round("beanstalkd"), "no rows of {round}\n{stdout}");
     }
     let ratios = results["ratios"].as_array().context("ratios")?;
     ensure!(
@@ -201,11 +207,7 @@ fn rounds_repeat_every_system_and_give_each_ratio_per_round() -> Result<()> {
         "a ratio across rounds: {ratios:?}"
     );
     let over = results["meta"]["ratios_over_rounds"].as_array().context("over rounds")?;
-    ensure!(
-        !over.is_empty(),
-        "no ratio over the rounds
-{stdout}"
-    );
+    ensure!(!over.is_empty(), "no ratio over the rounds\n{stdout}");
     for o in over {
         ensure!(o["ratios"].as_array().map(Vec::len) == Some(2), "two rounds each: {o}");
         ensure!(o["median"].as_f64().is_some_and(|m| m > 0.0), "a median: {o}");
@@ -215,24 +217,11 @@ fn rounds_repeat_every_system_and_give_each_ratio_per_round() -> Result<()> {
 
 #[test]
 fn compare_mode_runs_both_builds_in_alternating_pairs() -> Result<()> {
-    let Some(delayd) = delayd_bin() else {
-        eprintln!("skipped: target/debug/delayd is missing (cargo build -p delayd)");
-        return Ok(());
-    };
-    let dir = tempfile::tempdir()?;
-    let json = dir.path().join("compare.json");
+    let Some(delayd) = delayd_or_skip() else { return Ok(()) };
     // The same build on both sides: the comparison's shape is what is checked, not its ratios.
-    let stdout = succeeded(
-        Command::new(env!("CARGO_BIN_EXE_delayd-bench"))
-            .args(["--smoke", "--workloads", "publish-http", "--pairs", "2", "--bin"])
-            .arg(&delayd)
-            .arg("--compare-bin")
-            .arg(&delayd)
-            .arg("--json")
-            .arg(&json),
-    )?;
-
-    let results: Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let other = delayd.to_str().context("delayd's path is not UTF-8")?;
+    let args = ["--smoke", "--workloads", "publish-http", "--pairs", "2", "--compare-bin", other];
+    let (results, stdout) = bench_json(&delayd, &args)?;
     // Four runs, labelled by side and pair, in the order A B, then B A.
     let systems: Vec<&str> = results["rows"]
         .as_array()
