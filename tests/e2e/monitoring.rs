@@ -180,22 +180,22 @@ fn missing(
 fn the_check_catches_misspelled_metrics_and_labels() {
     let scrape = "# HELP delayd_jobs Jobs.\n# TYPE delayd_jobs gauge\n\
                   delayd_jobs{namespace=\"a\",queue=\"b\",state=\"ready\"} 1\n\
-                  delayd_log_fsync_seconds_bucket{le=\"0.001\"} 3\n\
-                  delayd_log_fsync_seconds_count 3\n";
+                  delayd_log_append_seconds_bucket{le=\"0.001\"} 3\n\
+                  delayd_log_append_seconds_count 3\n";
     let exported = exported(scrape);
     let check = |expr: &str| missing(&references(expr), &exported);
 
-    let good = r#"histogram_quantile(0.99, sum by (instance, le) (rate(delayd_log_fsync_seconds_bucket{job="d"}[5m])))
+    let good = r#"histogram_quantile(0.99, sum by (instance, le) (rate(delayd_log_append_seconds_bucket{job="d"}[5m])))
                   + max by (queue) (delayd_jobs{state=~"ready|dead", namespace!="x"})"#;
     assert_eq!(check(good), BTreeSet::new());
     assert_eq!(
-        check("rate(delayd_log_fsync_second_bucket[5m])"),
-        BTreeSet::from(["metric delayd_log_fsync_second_bucket".to_string()]),
+        check("rate(delayd_log_append_second_bucket[5m])"),
+        BTreeSet::from(["metric delayd_log_append_second_bucket".to_string()]),
         "a misspelled name"
     );
     assert_eq!(
-        check("rate(delayd_log_fsync_seconds[5m])"),
-        BTreeSet::from(["metric delayd_log_fsync_seconds".to_string()]),
+        check("rate(delayd_log_append_seconds[5m])"),
+        BTreeSet::from(["metric delayd_log_append_seconds".to_string()]),
         "a histogram is queried by its _bucket, _sum or _count series"
     );
     assert_eq!(

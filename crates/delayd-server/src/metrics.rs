@@ -43,8 +43,8 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::vote::RaftLeaderId as _;
 use openraft::{Instant as _, RaftMetrics, ServerState};
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::config::BuildInfo;
@@ -139,6 +139,11 @@ pub struct Metrics {
     rocksdb_write_stopped: IntGaugeVec,
     rocksdb_write_stalls: IntCounterVec,
     rocksdb_background_jobs: IntGaugeVec,
+    /// The Raft log's files and its flush worker. No labels: vectors, so that the series
+    /// are absent once the log has closed.
+    log_fsyncs: IntCounterVec,
+    log_fsync_seconds: CounterVec,
+    log_size: IntGaugeVec,
     /// No labels: vectors so that the series are absent, rather than 0, when the filesystem
     /// cannot be asked (0 bytes available would page someone).
     filesystem_available: IntGaugeVec,
@@ -380,6 +385,24 @@ impl Metrics {
                  this node's writes (unflushed memtables, level-0 files, compaction backlog): \
                  the largest count of any column family.",
                 &["kind"],
+            )?,
+            log_fsyncs: b.counter(
+                "delayd_log_fsyncs_total",
+                "fdatasyncs of the Raft log's files: one per append, vote, truncation or purge.",
+                &[],
+            )?,
+            log_fsync_seconds: b.add(CounterVec::new(
+                Opts::new(
+                    "delayd_log_fsync_seconds_total",
+                    "Seconds the Raft log's fdatasyncs took, all together: divided by \
+                     delayd_log_fsyncs_total, the mean fsync.",
+                ),
+                &[],
+            ))?,
+            log_size: b.gauge(
+                "delayd_log_size_bytes",
+                "The Raft log's files on disk (log/ in the data directory).",
+                &[],
             )?,
             rocksdb_background_jobs: b.gauge(
                 "delayd_rocksdb_background_jobs",
@@ -628,6 +651,16 @@ impl Metrics {
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's background work"),
+        }
+        self.log_size.reset();
+        if let Some(log) = reader.log_flushes() {
+            // The worker's counts only grow while the log is open (scrapes are serialised):
+            // the counters follow them.
+            let fsyncs = self.log_fsyncs.with_label_values::<&str>(&[]);
+            fsyncs.inc_by(log.fsyncs.saturating_sub(fsyncs.get()));
+            let seconds = self.log_fsync_seconds.with_label_values::<&str>(&[]);
+            seconds.inc_by((log.fsync_micros as f64 / 1e6 - seconds.get()).max(0.0));
+            self.log_size.with_label_values::<&str>(&[]).set(to_i64(log.disk_bytes));
         }
     }
 

@@ -45,7 +45,7 @@ use crate::db::{self, meta_key, ReadView, CF_RAFT_META};
 use crate::error::StoreError;
 use crate::snapshot::{self, SnapshotDir, SnapshotReader, SnapshotRecord};
 use crate::state::{view_meta, StateReader};
-use crate::{log, LogId, NodeId, SnapshotMeta, Store, StoredMembership, Vote};
+use crate::{LogId, NodeId, SnapshotMeta, Store, StoredMembership, Vote};
 
 /// What a verified snapshot file holds.
 #[derive(Clone, Debug)]
@@ -173,11 +173,9 @@ pub fn restore(
     // past the snapshot's last log: openraft requires a leader's entries to sort after
     // every log id it holds, so the first election must be for a later term than `last`'s.
     let term = last.committed_leader_id().term + 1;
+    log.start_after(last, Vote::new(term, node_id))?;
     let mut batch = WriteBatch::default();
     let raft_meta = db::cf(&shared.db, CF_RAFT_META)?;
-    batch.put_cf(raft_meta, meta_key::LAST_PURGED, codec::encode(&last));
-    batch.put_cf(raft_meta, meta_key::COMMITTED, codec::encode(&Some(last)));
-    batch.put_cf(raft_meta, meta_key::VOTE, codec::encode(&Vote::new(term, node_id)));
     let cluster_id = crate::identity::derive(source.checksum, members);
     batch.put_cf(raft_meta, meta_key::CLUSTER_ID, codec::encode(&cluster_id));
     shared.db.write_opt(batch, &db::synced())?;
@@ -261,10 +259,8 @@ pub fn recover(
         let (log, sm) = Store::open(data_dir)?;
         let shared = &sm.shared;
         let (applied_before, _) = shared.applied_state()?;
-        let committed: Option<LogId> =
-            db::get_decoded::<Option<LogId>>(&shared.db, CF_RAFT_META, meta_key::COMMITTED)?
-                .flatten();
-        let last_log_index = log::last_entry(&shared.db)?.map(|e| e.log_id.index);
+        let committed: Option<LogId> = log.committed();
+        let last_log_index = log.last_entry_index();
         let upto = match tail {
             Tail::Keep => last_log_index,
             Tail::DiscardUncommitted => committed.map(|c| c.index).min(last_log_index),
@@ -272,7 +268,7 @@ pub fn recover(
         let mut next = applied_before.map_or(0, |l| l.index + 1);
         while let Some(upto) = upto.filter(|u| next <= *u) {
             let end = upto.min(next.saturating_add(RECOVER_CHUNK - 1));
-            let entries = log::read_entries(&shared.db, next, Some(end + 1))?;
+            let entries = log.read_range(next, end + 1)?;
             if entries.first().map(|e| e.log_id.index) != Some(next)
                 || entries.len() as u64 != end + 1 - next
             {

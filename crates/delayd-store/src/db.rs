@@ -16,18 +16,21 @@ use crate::error::StoreError;
 /// elsewhere in the build cannot change how column-family handles are borrowed.
 pub(crate) type Db = rocksdb::DBWithThreadMode<rocksdb::SingleThreaded>;
 
-/// Raft log entries, keyed by log index as 8 big-endian bytes.
+/// Where Raft log entries were kept, keyed by log index as 8 big-endian bytes, before the log
+/// had files of its own (`log_files.rs`). Opened because RocksDB must open every column family
+/// it has; emptied on the first start of such a data directory (`LogStore::open`).
 pub(crate) const CF_LOG: &str = "raft_log";
-/// Raft metadata: vote, committed, last purged log id, snapshot bookkeeping.
+/// Snapshot bookkeeping and the cluster identity (before the log had files of its own, also
+/// the vote, the commit index and the last purged log id).
 pub(crate) const CF_RAFT_META: &str = "raft_meta";
 
 /// Keys in [`CF_RAFT_META`].
 pub(crate) mod meta_key {
-    /// `Vote<NodeId>`.
+    /// `Vote<NodeId>`: read only to move it to the log's files.
     pub(crate) const VOTE: &[u8] = b"vote";
-    /// `Option<LogId>`: the last committed log id openraft told us about.
+    /// `Option<LogId>`: the last committed log id; read only to move it to the log's files.
     pub(crate) const COMMITTED: &[u8] = b"committed";
-    /// `LogId`: the last purged log id.
+    /// `LogId`: the last purged log id; read only to move it to the log's files.
     pub(crate) const LAST_PURGED: &[u8] = b"last_purged";
     /// `SnapshotRecord`: the current snapshot file and its meta.
     pub(crate) const SNAPSHOT: &[u8] = b"snapshot";
@@ -423,7 +426,8 @@ pub(crate) fn sizes(db: &Db) -> Result<StorageSizes, StoreError> {
     Ok(sizes)
 }
 
-/// Every column family of the database: the log's, the vote's and the state machine's.
+/// Every column family of the database: the emptied log's, the metadata's and the state
+/// machine's.
 fn every_cf_name() -> impl Iterator<Item = &'static str> {
     [CF_LOG, CF_RAFT_META].into_iter().chain(Cf::ALL.iter().map(|cf| cf.name()))
 }

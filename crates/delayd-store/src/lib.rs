@@ -1,7 +1,7 @@
-//! # delayd-store: the Raft log and the state machine, in one RocksDB
+//! # delayd-store: the Raft log in files of its own, the state machine in RocksDB
 //!
-//! This crate is the only place that knows about RocksDB. It gives openraft the two storage
-//! halves of its storage API — [`LogStore`] (log, vote, commit index) and
+//! This crate is the only place that knows about RocksDB and the log's files. It gives
+//! openraft the two storage halves of its storage API — [`LogStore`] (log, vote, commit index) and
 //! [`StateMachineStore`] (the replicated job state and its snapshots) — and gives the service a
 //! [`StateReader`] for queries. It holds no business rules: what a log entry *means* is
 //! `delayd_core::apply`'s business; this crate decides only where the bytes go and when they
@@ -9,13 +9,19 @@
 //!
 //! ## Layout
 //!
+//! `<data_dir>/log/` holds the Raft log, the vote and the commit index, in append-only chunk
+//! files of checksummed records (the `raft-log` crate; see `log_files.rs`).
+//!
 //! `<data_dir>/db` is one RocksDB with these column families:
 //!
 //! | column family | key | value |
 //! |---|---|---|
-//! | `raft_log` | log index, u64 big-endian | `openraft::Entry` |
-//! | `raft_meta` | `vote`, `committed`, `last_purged`, `snapshot`, `installing` | see `db.rs` |
+//! | `raft_meta` | `snapshot`, `installing`, `cluster_id` | see `db.rs` |
 //! | `sm_*` (every [`delayd_core::Cf`]) | the core's key layouts | the core's values |
+//! | `raft_log` | (empty) | where the log was kept before it had files of its own |
+//!
+//! A data directory from before then has its log, vote, commit index and last purged id
+//! copied into `log/` on its first start, and removed from RocksDB once the copy is whole.
 //!
 //! The store keeps two keys of its own in [`Cf::Meta`](delayd_core::Cf::Meta), under the
 //! reserved prefix `raft/`: `raft/last_applied` and `raft/membership`. They live beside the
@@ -27,10 +33,10 @@
 //!
 //! ## Durability rules
 //!
-//! - `save_vote`, `truncate` and `purge` are synced writes, and `append` is made durable by
-//!   the log's syncer thread (one `SyncWAL` for every append written meanwhile): they return
-//!   (and `append` reports `log_io_completed`) only once RocksDB's WAL is fsynced. Openraft
-//!   counts an appended entry towards a quorum on the strength of that report.
+//! - `save_vote`, `truncate` and `purge` return, and `append` reports `log_io_completed`, only
+//!   once the log's flush worker has written and fsynced them (one `fdatasync` per write,
+//!   covering a commit index written before it too). Openraft counts an appended entry towards a quorum on the
+//!   strength of that report.
 //! - `save_committed` is not synced: a lost commit index is learned again.
 //! - `apply` is neither synced nor in the WAL: the synced log is the state machine's
 //!   write-ahead log. It writes the state changes *and* `raft/last_applied` in one atomic
@@ -62,8 +68,9 @@
 //! lowest CPU priority (`in_background`): it passes over the whole state, and every node
 //! starts its own at the same log index. Every other RocksDB and file operation runs on
 //! tokio's blocking pool, except those that take less than the hop to the pool and back and
-//! run on the calling task: applying a batch of at most 64 commands, the log's unsynced
-//! appends, its reads and `save_committed`.
+//! run on the calling task: applying a batch of at most 64 commands, and the log's writes
+//! and reads (a write hands its record to the log's flush worker, which does the IO; the
+//! vote, truncations and purges then await it).
 //!
 //! The log's reads are mostly of the entries just appended (a leader reads each back once per
 //! follower and once to apply it); the last ones stay decoded in memory for them, see
@@ -101,6 +108,7 @@ mod db;
 mod error;
 mod identity;
 mod log;
+mod log_files;
 mod metrics;
 mod recent;
 mod snapshot;
@@ -115,7 +123,7 @@ pub use backup::{recover, restore, verify_file, Recovered, Restored, SnapshotSum
 pub use db::{BackgroundWork, ReadView, StorageSizes, WriteStalls};
 pub use error::StoreError;
 pub use identity::ClusterIdStore;
-pub use log::{EncodedEntries, LogStore};
+pub use log::{EncodedEntries, LogFlushes, LogStore};
 pub use metrics::StoreMetrics;
 pub use state::{ApplyListener, SnapshotBuilder, SnapshotInbox, StateMachineStore, StateReader};
 
@@ -206,9 +214,10 @@ impl Store {
         std::fs::create_dir_all(&db_dir)
             .map_err(|e| StoreError::io(format!("create {}", db_dir.display()), e))?;
         let db = Arc::new(db::open(&db_dir, node)?);
+        let log = LogStore::open(data_dir, db.clone(), metrics.clone())?;
         let snapshots = snapshot::SnapshotDir::open(data_dir.join("snapshots"))?;
-        let state = StateMachineStore::open(db.clone(), snapshots, metrics.clone())?;
-        Ok((LogStore::new(db, metrics)?, state))
+        let state = StateMachineStore::open(db, snapshots, metrics, log.flush_stats())?;
+        Ok((log, state))
     }
 }
 

@@ -2,33 +2,39 @@
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use delayd_core::codec;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
-use rocksdb::{ReadOptions, WriteBatch};
+use raft_log::api::raft_log_writer::RaftLogWriter;
+use rocksdb::WriteBatch;
 
 use crate::db::{self, log_key, meta_key, Db, CF_LOG, CF_RAFT_META};
 use crate::error::StoreError;
-use crate::metrics::{since, StoreMetrics};
+use crate::log_files::{self, Flushed, StoredEntry, StoredLogId, StoredVote, Wal};
+use crate::metrics::StoreMetrics;
 use crate::recent::{Encoded, Recent};
-use crate::{blocking, LogEntry, LogId, TypeConfig, Vote};
+use crate::{LogEntry, LogId, TypeConfig, Vote};
 
-/// The Raft log, vote and commit index, in the `raft_log` and `raft_meta` column families.
+/// The Raft log, vote and commit index, in files of their own (`<data_dir>/log/`, see
+/// `log_files.rs`).
 ///
 /// Cloning is cheap (a few `Arc`s); the clone handed out by `get_log_reader` reads the same
-/// database and the same window of recent entries ([`Recent`]). Every write openraft relies
-/// on after a crash is synced before openraft is told it is durable: votes, truncations and
-/// purges synchronously, appends by the [`Syncer`].
+/// log and the same window of recent entries ([`Recent`]). Every write openraft relies on
+/// after a crash is synced before openraft is told it is durable: votes, truncations and
+/// purges before the call returns, appends by the log's flush worker, which completes the
+/// append's callback once its fsync is done: openraft's core never waits for an fsync.
 #[derive(Clone)]
 pub struct LogStore {
+    /// The cluster identity is kept in RocksDB, beside the state it names.
     db: Arc<Db>,
-    syncer: Arc<SyncerHandle>,
+    wal: Arc<Mutex<Wal>>,
     /// The last entries appended, decoded. Changed only by this store's own writes: an
-    /// append after its RocksDB write succeeded, a truncation or purge before its write (a
-    /// reader must never be handed an entry the log may no longer hold).
+    /// append after its write succeeded, a truncation or purge before its write (a reader
+    /// must never be handed an entry the log may no longer hold).
     recent: Arc<Mutex<Recent>>,
     metrics: StoreMetrics,
 }
@@ -67,6 +73,18 @@ impl EncodedEntries {
     }
 }
 
+/// What the log's flush worker has done since the store opened, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogFlushes {
+    /// fsyncs of the log's files: one per write handed to the worker (an append, a vote, a
+    /// truncation, a purge).
+    pub fsyncs: u64,
+    /// Microseconds spent in those fsyncs.
+    pub fsync_micros: u64,
+    /// The log's chunk files on disk, in bytes.
+    pub disk_bytes: u64,
+}
+
 impl LogStore {
     /// What the log stored for its most recent entries, as they are appended: a leader's
     /// replication requests copy these instead of encoding each entry again per follower.
@@ -74,215 +92,246 @@ impl LogStore {
         EncodedEntries { recent: self.recent.clone() }
     }
 
-    /// The handle on this node's cluster identity (kept beside the log).
+    /// The handle on this node's cluster identity (kept beside the state).
     pub fn cluster_ids(&self) -> crate::ClusterIdStore {
         crate::ClusterIdStore::new(self.db.clone())
     }
 
-    pub(crate) fn new(db: Arc<Db>, metrics: StoreMetrics) -> Result<Self, StoreError> {
-        let syncer = Arc::new(Syncer {
-            state: Mutex::default(),
-            wake: Condvar::new(),
-            metrics: metrics.clone(),
-        });
-        let thread = {
-            let (db, syncer) = (db.clone(), syncer.clone());
-            std::thread::Builder::new()
-                .name("delayd-wal-sync".into())
-                .spawn(move || {
-                    crate::without_perf_counters();
-                    syncer.run(&db)
-                })
-                .map_err(|e| StoreError::Task(format!("cannot start the WAL syncer: {e}")))?
-        };
-        let syncer = Arc::new(SyncerHandle { syncer, thread: Some(thread) });
-        Ok(LogStore { db, syncer, recent: Arc::default(), metrics })
+    /// What the log's flush worker has done, and the log's size on disk.
+    pub fn flushes(&self) -> LogFlushes {
+        flushes(&self.wal())
+    }
+
+    /// Opens the log in `<data_dir>/log`. A data directory written before the log had files
+    /// of its own (it kept the log in RocksDB) has its log, vote and commit index copied over
+    /// first; see [`import_legacy`]. Blocking.
+    pub(crate) fn open(
+        data_dir: &Path,
+        db: Arc<Db>,
+        metrics: StoreMetrics,
+    ) -> Result<Self, StoreError> {
+        let dir = data_dir.join(log_files::DIR);
+        if !dir.exists() {
+            import_legacy(&db, &dir)?;
+        }
+        let wal = log_files::open(&dir)?;
+        refuse_newer_legacy(&db, &wal)?;
+        remove_legacy(&db)?;
+        Ok(LogStore { db, wal: Arc::new(Mutex::new(wal)), recent: Arc::default(), metrics })
+    }
+
+    /// A handle on the log's flush statistics that does not keep the store open.
+    pub(crate) fn flush_stats(&self) -> FlushStats {
+        FlushStats(Arc::downgrade(&self.wal))
+    }
+
+    /// The last entry's index, if the log holds any.
+    pub(crate) fn last_entry_index(&self) -> Option<u64> {
+        let wal = self.wal();
+        let state = wal.log_state();
+        state.last().filter(|last| Some(*last) > state.purged()).map(|l| l.0.index)
+    }
+
+    /// The last commit index this log saved.
+    pub(crate) fn committed(&self) -> Option<LogId> {
+        self.wal().log_state().committed().map(|c| c.0)
+    }
+
+    /// For a restored data directory: an empty log that starts after `last` (everything up
+    /// to it purged and committed), with `vote` saved. Blocking: returns once it is synced.
+    pub(crate) fn start_after(&self, last: LogId, vote: Vote) -> Result<(), StoreError> {
+        let mut wal = self.wal();
+        let io = |e| StoreError::io("start the log after a restored snapshot", e);
+        wal.save_vote(StoredVote(vote)).map_err(io)?;
+        wal.purge(StoredLogId(last)).map_err(io)?;
+        wal.commit(StoredLogId(last)).map_err(io)?;
+        self.recent().purged_upto(last.index);
+        log_files::sync_blocking(&mut wal)
+    }
+
+    /// Entries with `start <= index < end`. Blocking.
+    pub(crate) fn read_range(&self, start: u64, end: u64) -> Result<Vec<LogEntry>, StoreError> {
+        read_entries(&self.wal(), start, Some(end))
+    }
+
+    fn wal(&self) -> MutexGuard<'_, Wal> {
+        // Every write checks its record before it changes anything, so a panic elsewhere
+        // leaves the log as its last write left it.
+        self.wal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn recent(&self) -> MutexGuard<'_, Recent> {
+        // The window is rebuilt by appends; a panic elsewhere leaves it contiguous or empty.
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// Group commit for the log. `append` writes its entries to RocksDB at once (so they are
-/// readable, e.g. for replication) without syncing, and hands its flush callback here; one
-/// thread syncs the WAL and completes every callback that queued meanwhile. openraft's core
-/// thus never waits for an fsync, and appends that arrive while one sync runs share the
-/// next. One sync covers everything written to the WAL before it, and a callback is queued
-/// only after its entries were written, so every completed callback is truly durable.
-struct Syncer {
-    state: Mutex<SyncState>,
-    wake: Condvar,
-    metrics: StoreMetrics,
+/// Hands what was written to the log's flush worker; the receiver hears once it is on disk.
+/// A plain function, so that the caller's guard is gone before it awaits: a future that
+/// holds a `MutexGuard` cannot move between threads.
+fn hand_to_worker(wal: &mut Wal) -> Result<Synced, std::io::Error> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    wal.flush(true, Some(Flushed::Awaited(tx)))?;
+    Ok(Synced(Some(rx)))
 }
 
-#[derive(Default)]
-struct SyncState {
-    /// Callbacks of written appends, each with the time its `append` was called.
-    pending: Vec<(Instant, IOFlushed<TypeConfig>)>,
-    stop: bool,
-}
+/// A write handed to the flush worker ([`hand_to_worker`]), or none (`Synced(None)`).
+struct Synced(Option<tokio::sync::oneshot::Receiver<std::io::Result<()>>>);
 
-impl Syncer {
-    fn submit(&self, appended: Instant, callback: IOFlushed<TypeConfig>) {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pending
-            .push((appended, callback));
-        self.wake.notify_one();
-    }
-
-    fn run(&self, db: &Db) {
-        loop {
-            let batch = {
-                let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-                while state.pending.is_empty() && !state.stop {
-                    state = self.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
-                }
-                if state.pending.is_empty() {
-                    return;
-                }
-                std::mem::take(&mut state.pending)
-            };
-            let synced = Instant::now();
-            let result = sync_wal(db);
-            self.metrics.log_fsync_seconds.observe(since(synced));
-            self.metrics.log_fsync_batch_entries.observe(batch.len() as f64);
-            for (appended, callback) in batch {
-                self.metrics.log_append_seconds.observe(since(appended));
-                let result = match &result {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(std::io::Error::other(format!("syncing the WAL: {e}"))),
-                };
-                callback.io_completed(result);
-            }
+impl Synced {
+    async fn wait(self, what: &str) -> Result<(), std::io::Error> {
+        let Some(rx) = self.0 else { return Ok(()) };
+        match rx.await {
+            Ok(result) => result.map_err(|e| std::io::Error::new(e.kind(), format!("{what}: {e}"))),
+            Err(_) => Err(std::io::Error::other(format!("{what}: the log's flush worker stopped"))),
         }
     }
 }
 
-/// Makes every earlier WAL write durable: RocksDB's `SyncWAL`, an fdatasync of the WAL files
-/// done beside the write queue rather than in it.
-///
-/// A synced write would do the same, but it holds RocksDB's single write queue for the whole
-/// fsync: every other write meanwhile — the next `append` on openraft's core, an `apply` on
-/// the state machine's task, both on async workers — spins, yields and then blocks its thread
-/// until the fsync ends. `SyncWAL` only marks the files it syncs under a short lock, so writes
-/// go on while the disk works; those that finished before it started are covered, which is
-/// all the syncer promises (a callback is queued only after its append's write returned).
-/// `flush_wal(true)` is `SyncWAL` here because the WAL is not in manual-flush mode: every
-/// write has handed its record to the OS before it returns, so there is no buffer to flush.
-fn sync_wal(db: &Db) -> Result<(), StoreError> {
-    Ok(db.flush_wal(true)?)
+/// The log's flush statistics, read by `/metrics` through the state reader.
+#[derive(Clone, Default)]
+pub(crate) struct FlushStats(std::sync::Weak<Mutex<Wal>>);
+
+impl FlushStats {
+    /// `None` once the log has closed.
+    pub(crate) fn read(&self) -> Option<LogFlushes> {
+        let wal = self.0.upgrade()?;
+        let wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(flushes(&wal))
+    }
 }
 
-/// Stops the syncer thread when the last `LogStore` clone goes, after it completed every
-/// callback still queued.
-struct SyncerHandle {
-    syncer: Arc<Syncer>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for SyncerHandle {
-    fn drop(&mut self) {
-        self.syncer.state.lock().unwrap_or_else(PoisonError::into_inner).stop = true;
-        self.syncer.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+fn flushes(wal: &Wal) -> LogFlushes {
+    let stat = wal.stat();
+    let m = stat.flush_metrics;
+    LogFlushes {
+        fsyncs: m.sync_batch_count,
+        fsync_micros: m.sync_us,
+        disk_bytes: wal.on_disk_size(),
     }
 }
 
 /// Entries with `start <= index < end` (`end` `None`: to the end of the log).
-pub(crate) fn read_entries(
-    db: &Db,
-    start: u64,
-    end: Option<u64>,
-) -> Result<Vec<LogEntry>, StoreError> {
-    if end.is_some_and(|end| end <= start) {
+fn read_entries(wal: &Wal, start: u64, end: Option<u64>) -> Result<Vec<LogEntry>, StoreError> {
+    let end = end.unwrap_or(u64::MAX);
+    if end <= start {
         return Ok(Vec::new());
     }
-    let mut ro = ReadOptions::default();
-    ro.set_iterate_lower_bound(log_key(start));
-    if let Some(end) = end {
-        ro.set_iterate_upper_bound(log_key(end));
-    }
-    let mut it = db.raw_iterator_cf_opt(db::cf(db, CF_LOG)?, ro);
-    it.seek_to_first();
     let mut entries = Vec::new();
-    while let Some(value) = it.value() {
-        entries.push(codec::decode(value)?);
-        it.next();
+    for read in wal.read(start, end) {
+        let (_, StoredEntry(bytes)) = read.map_err(|e| StoreError::io("read the log", e))?;
+        entries.push(codec::decode(&bytes)?);
     }
-    it.status()?;
     Ok(entries)
 }
 
-pub(crate) fn last_entry(db: &Db) -> Result<Option<LogEntry>, StoreError> {
+/// Copies the log, vote, commit index and last purged id a data directory kept in RocksDB
+/// (before the log had files of its own) into a new log at `dir`.
+///
+/// The copy is made in `<dir>.import`, synced, and renamed to `dir` (the parent directory
+/// synced after): a crash during the copy leaves no `dir`, and the next start copies again
+/// from scratch. RocksDB's copy is removed only once `dir` exists ([`remove_legacy`]).
+fn import_legacy(db: &Db, dir: &Path) -> Result<(), StoreError> {
+    let vote: Option<Vote> = db::get_decoded(db, CF_RAFT_META, meta_key::VOTE)?;
+    let purged: Option<LogId> = db::get_decoded(db, CF_RAFT_META, meta_key::LAST_PURGED)?;
+    let committed: Option<Option<LogId>> = db::get_decoded(db, CF_RAFT_META, meta_key::COMMITTED)?;
+    let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
+    it.seek_to_first();
+    let has_entries = it.valid();
+    if vote.is_none() && purged.is_none() && !has_entries {
+        return Ok(());
+    }
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    let staging = dir.with_extension("import");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .map_err(|e| StoreError::io(format!("remove {}", staging.display()), e))?;
+    }
+    {
+        let mut wal = log_files::open(&staging)?;
+        let io = |e| StoreError::io("copy the log out of RocksDB", e);
+        if let Some(vote) = vote {
+            wal.save_vote(StoredVote(vote)).map_err(io)?;
+        }
+        if let Some(purged) = purged {
+            wal.purge(StoredLogId(purged)).map_err(io)?;
+        }
+        while let Some(value) = it.value() {
+            let entry: LogEntry = codec::decode(value)?;
+            let stored = StoredEntry(Arc::new(value.to_vec()));
+            wal.append([(StoredLogId(entry.log_id), stored)]).map_err(io)?;
+            it.next();
+        }
+        it.status()?;
+        let last = wal.log_state().last().cloned();
+        if let Some(committed) = committed.flatten().map(StoredLogId) {
+            if Some(&committed) <= last.as_ref() {
+                wal.commit(committed).map_err(io)?;
+            }
+        }
+        log_files::sync_blocking(&mut wal)?;
+    }
+    std::fs::rename(&staging, dir).map_err(|e| {
+        StoreError::io(format!("rename {} to {}", staging.display(), dir.display()), e)
+    })?;
+    std::fs::File::open(parent)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(format!("sync {}", parent.display()), e))?;
+    tracing::info!(dir = %dir.display(), "moved the Raft log out of RocksDB into files of its own");
+    Ok(())
+}
+
+/// Refuses to open a log whose data directory was started, since its log was moved to its
+/// files, by a delayd that keeps the log in RocksDB (a downgrade, then an upgrade again): that
+/// binary voted and appended into RocksDB, and neither the files nor a copy of RocksDB's log
+/// over them would be safe to go on with. What RocksDB holds after an ordinary move is what
+/// the files started from, never newer: the move removes it only once the files are whole.
+fn refuse_newer_legacy(db: &Db, wal: &Wal) -> Result<(), StoreError> {
+    let vote: Option<Vote> = db::get_decoded(db, CF_RAFT_META, meta_key::VOTE)?;
     let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
     it.seek_to_last();
-    match it.value() {
-        Some(value) => Ok(Some(codec::decode(value)?)),
-        None => {
-            it.status()?;
-            Ok(None)
-        }
+    let last: Option<LogEntry> = it.value().map(codec::decode).transpose()?;
+    it.status()?;
+    let state = wal.log_state();
+    let newer_vote = vote.is_some_and(|v| Some(&StoredVote(v)) > state.vote());
+    let newer_log = last.is_some_and(|e| Some(&StoredLogId(e.log_id)) > state.last());
+    if newer_vote || newer_log {
+        return Err(StoreError::Refused(
+            "this data directory was run by an older delayd (one that keeps the Raft log in \
+             RocksDB) after its log moved to log/: its vote or log in RocksDB is newer than \
+             log/'s. Going back to that version is not supported; restore the node from a \
+             backup or let it rejoin as a new node"
+                .into(),
+        ));
     }
+    Ok(())
 }
 
-fn log_state(db: &Db) -> Result<LogState<TypeConfig>, StoreError> {
-    let last_purged_log_id: Option<LogId> =
-        db::get_decoded(db, CF_RAFT_META, meta_key::LAST_PURGED)?;
-    let last_log_id = match last_entry(db)? {
-        Some(entry) => Some(entry.log_id),
-        None => last_purged_log_id,
-    };
-    Ok(LogState { last_purged_log_id, last_log_id })
-}
-
-fn put_meta_synced(db: &Db, key: &[u8], value: Vec<u8>) -> Result<(), StoreError> {
-    let mut batch = WriteBatch::default();
-    batch.put_cf(db::cf(db, CF_RAFT_META)?, key, value);
-    Ok(db.write_opt(batch, &db::synced())?)
-}
-
-/// Writes entries to the WAL and memtable without syncing; the [`Syncer`] makes them durable.
-/// `encoded` holds, for each entry, the bytes to store if they are known already (a follower's
-/// received entries), else `None`: the entry is encoded here. Returns the bytes written for
-/// each entry.
-fn append_entries(
-    db: &Db,
-    entries: &[LogEntry],
-    encoded: Vec<Option<Encoded>>,
-) -> Result<Vec<Encoded>, StoreError> {
-    let cf = db::cf(db, CF_LOG)?;
-    let mut batch = WriteBatch::default();
-    let mut written = Vec::with_capacity(entries.len());
-    for (entry, known) in entries.iter().zip(encoded) {
-        let value = known.unwrap_or_else(|| {
-            Arc::new(codec::encode_sized(entry, crate::log_entry_size_bytes(entry)))
-        });
-        batch.put_cf(cf, log_key(entry.log_id.index), value.as_slice());
-        written.push(value);
-    }
-    db.write(batch)?;
-    Ok(written)
-}
-
-/// Deletes every entry at or after `index`.
-fn truncate_from(db: &Db, index: u64) -> Result<(), StoreError> {
-    let cf = db::cf(db, CF_LOG)?;
-    let mut batch = WriteBatch::default();
-    batch.delete_range_cf(cf, log_key(index), log_key(u64::MAX));
-    batch.delete_cf(cf, log_key(u64::MAX));
-    Ok(db.write_opt(batch, &db::synced())?)
-}
-
-/// Deletes every entry up to and including `upto`, recording it as the last purged id in the
-/// same batch so that `get_log_state` never sees one without the other.
-fn purge_upto(db: &Db, upto: LogId) -> Result<(), StoreError> {
-    let mut batch = WriteBatch::default();
-    batch.put_cf(db::cf(db, CF_RAFT_META)?, meta_key::LAST_PURGED, codec::encode(&upto));
+/// Deletes what [`import_legacy`] copied out of RocksDB, if anything is left of it.
+fn remove_legacy(db: &Db) -> Result<(), StoreError> {
     let log = db::cf(db, CF_LOG)?;
-    batch.delete_range_cf(log, log_key(0), log_key(upto.index));
-    batch.delete_cf(log, log_key(upto.index));
-    Ok(db.write_opt(batch, &db::synced())?)
+    let meta = db::cf(db, CF_RAFT_META)?;
+    let mut it = db.raw_iterator_cf(log);
+    it.seek_to_first();
+    let mut any = it.valid();
+    it.status()?;
+    for key in [meta_key::VOTE, meta_key::COMMITTED, meta_key::LAST_PURGED] {
+        any |= db.get_pinned_cf(meta, key)?.is_some();
+    }
+    if !any {
+        return Ok(());
+    }
+    let mut batch = WriteBatch::default();
+    batch.delete_range_cf(log, log_key(0), log_key(u64::MAX));
+    batch.delete_cf(log, log_key(u64::MAX));
+    for key in [meta_key::VOTE, meta_key::COMMITTED, meta_key::LAST_PURGED] {
+        batch.delete_cf(meta, key);
+    }
+    db.write_opt(batch, &db::synced())?;
+    // The range tombstone would otherwise stay in the column family's files until a
+    // compaction happens to pass over it.
+    db.compact_range_cf(log, None::<&[u8]>, None::<&[u8]>);
+    Ok(())
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -308,16 +357,13 @@ impl RaftLogReader<TypeConfig> for LogStore {
                 return Ok(entries);
             }
         }
-        // Inline: what misses the window is mostly just behind it, in the memtable, and read
-        // in microseconds; a hop to the blocking pool would cost more than the read.
-        read_entries(&self.db, start, end).map_err(std::io::Error::from)
+        // Inline: what misses the window is mostly just behind it, in the log's cache, and
+        // read in microseconds; a hop to the blocking pool would cost more than the read.
+        read_entries(&self.wal(), start, end).map_err(std::io::Error::from)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, std::io::Error> {
-        let db = self.db.clone();
-        blocking(move || db::get_decoded(&db, CF_RAFT_META, meta_key::VOTE))
-            .await
-            .map_err(std::io::Error::from)
+        Ok(self.wal().log_state().vote().map(|v| v.0))
     }
 }
 
@@ -325,8 +371,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, std::io::Error> {
-        let db = self.db.clone();
-        blocking(move || log_state(&db)).await.map_err(std::io::Error::from)
+        let wal = self.wal();
+        let state = wal.log_state();
+        // The log's `last` is the last entry appended or, once a purge passed it, the last
+        // purged: what openraft expects as the last log id either way.
+        Ok(LogState {
+            last_purged_log_id: state.purged().map(|p| p.0),
+            last_log_id: state.last().map(|l| l.0),
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -334,36 +386,36 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), std::io::Error> {
-        let db = self.db.clone();
-        let value = codec::encode(vote);
-        blocking(move || put_meta_synced(&db, meta_key::VOTE, value))
-            .await
-            .map_err(std::io::Error::from)
+        let synced = {
+            let mut wal = self.wal();
+            wal.save_vote(StoredVote(*vote))?;
+            hand_to_worker(&mut wal)?
+        };
+        synced.wait("saving the vote").await
     }
 
     /// Not synced: losing the latest commit index in a crash only means re-learning it from
-    /// the leader; it rides along with the next synced append anyway. Inline, like `append`:
-    /// openraft saves it on every commit, and an unsynced put of a few bytes costs less than
-    /// the hop to the blocking pool and back.
+    /// the leader. Its record rides along with the next synced write, and costs no write of
+    /// its own.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), std::io::Error> {
-        let index = committed.map_or(0, |c| c.index);
-        let saved = db::cf(&self.db, CF_RAFT_META).and_then(|cf| {
-            Ok(self.db.put_cf(cf, meta_key::COMMITTED, codec::encode(&committed))?)
-        });
-        saved.map_err(std::io::Error::from)?;
+        let Some(committed) = committed else { return Ok(()) };
+        let index = committed.index;
+        {
+            let mut wal = self.wal();
+            let state = wal.log_state();
+            let committed = StoredLogId(committed);
+            // The log refuses a commit index that goes back or passes its last entry; openraft
+            // gives neither, and a refusal here would stop the node for a value that may be lost.
+            if Some(&committed) > state.committed() && Some(&committed) <= state.last() {
+                wal.commit(committed)?;
+            }
+        }
         self.metrics.commit_index.set(i64::try_from(index).unwrap_or(i64::MAX));
         Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, std::io::Error> {
-        let db = self.db.clone();
-        blocking(move || {
-            let committed: Option<Option<LogId>> =
-                db::get_decoded(&db, CF_RAFT_META, meta_key::COMMITTED)?;
-            Ok(committed.flatten())
-        })
-        .await
-        .map_err(std::io::Error::from)
+        Ok(self.committed())
     }
 
     async fn append<I>(
@@ -377,41 +429,66 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let appended = Instant::now();
         let entries: Vec<LogEntry> = entries.into_iter().collect();
-        // Inline: an unsynced write goes to the memtable and the WAL's page cache in
-        // microseconds (the fsync is the syncer's); a hop to the blocking pool would cost more.
-        let known = {
+        let known: Vec<Option<Encoded>> = {
             let mut recent = self.recent();
             entries.iter().map(|e| recent.take_received(&e.log_id)).collect()
         };
-        let written = append_entries(&self.db, &entries, known).map_err(std::io::Error::from)?;
-        // Readable from the window at once, like from RocksDB: replication sends entries
+        let written: Vec<Encoded> = entries
+            .iter()
+            .zip(known)
+            .map(|(entry, known)| {
+                known.unwrap_or_else(|| {
+                    Arc::new(codec::encode_sized(entry, crate::log_entry_size_bytes(entry)))
+                })
+            })
+            .collect();
+        // Inline: the write goes to the log's buffer and the entries to its cache in
+        // microseconds (the worker writes and fsyncs); a hop to the blocking pool would cost
+        // more. The callback tells openraft once the entries are on disk, and only then may it
+        // count them towards a quorum.
+        {
+            let mut wal = self.wal();
+            let stored = entries.iter().zip(&written);
+            wal.append(stored.map(|(e, b)| (StoredLogId(e.log_id), StoredEntry(b.clone()))))?;
+            let seconds = self.metrics.log_append_seconds.clone();
+            wal.flush(true, Some(Flushed::Append { appended, callback, seconds }))?;
+        }
+        // Readable from the window at once, like from the log: replication sends entries
         // before they are durable, and only a quorum's durability commits them.
         self.recent().appended(entries.into_iter().zip(written));
-        // Written but not yet synced: the syncer completes the callback once it is on disk,
-        // and only then may openraft count it towards a quorum.
-        self.syncer.syncer.submit(appended, callback);
         Ok(())
     }
 
     /// Keeps the log up to and including `last_log_id` and deletes everything after it.
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), std::io::Error> {
-        let db = self.db.clone();
         let from = last_log_id.map_or(0, |l| l.index.saturating_add(1));
         self.recent().truncated_from(from);
-        blocking(move || truncate_from(&db, from)).await.map_err(std::io::Error::from)
+        let synced = {
+            let mut wal = self.wal();
+            let state = wal.log_state();
+            // Only entries the log holds: none after its last one, and from the first after
+            // the purged ones at the lowest (openraft never cuts below them, and the log
+            // could not name the entry before a purged index).
+            let first_held = state.purged().map_or(0, |p| p.0.index.saturating_add(1));
+            let last_held = state.last().filter(|last| Some(*last) > state.purged());
+            if last_held.is_some_and(|last| from <= last.0.index) {
+                wal.truncate(from.max(first_held))?;
+                hand_to_worker(&mut wal)?
+            } else {
+                Synced(None)
+            }
+        };
+        synced.wait("truncating the log").await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), std::io::Error> {
-        let db = self.db.clone();
         self.recent().purged_upto(log_id.index);
-        blocking(move || purge_upto(&db, log_id)).await.map_err(std::io::Error::from)
-    }
-}
-
-impl LogStore {
-    fn recent(&self) -> MutexGuard<'_, Recent> {
-        // The window is rebuilt by appends; a panic elsewhere leaves it contiguous or empty.
-        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
+        let synced = {
+            let mut wal = self.wal();
+            wal.purge(StoredLogId(log_id))?;
+            hand_to_worker(&mut wal)?
+        };
+        synced.wait("purging the log").await
     }
 }
 
@@ -421,6 +498,7 @@ mod tests {
     use openraft::testing::{blank_ent, log_id};
 
     use super::*;
+    use crate::test_entries::publish_entry;
     use crate::Store;
 
     fn open(dir: &std::path::Path) -> LogStore {
@@ -436,34 +514,48 @@ mod tests {
     async fn raft_writes_are_fsynced_and_survive_reopening() {
         let dir = tempfile::tempdir().expect("dir");
         let mut log = open(dir.path());
-        let db = log.db.clone();
-        let syncs = || db::wal_syncs(&db);
+        let fsyncs = |log: &LogStore| log.flushes().fsyncs;
 
-        let before = syncs();
+        let before = fsyncs(&log);
         log.blocking_append((1..=6).map(|i| blank_ent::<TypeConfig>(1, 0, i)))
             .await
             .expect("append");
-        assert_eq!(syncs(), before + 1, "append");
+        assert_eq!(fsyncs(&log), before + 1, "append");
         log.save_vote(&Vote::new(2, 7)).await.expect("vote");
-        assert_eq!(syncs(), before + 2, "save_vote");
+        assert_eq!(fsyncs(&log), before + 2, "save_vote");
         log.truncate_after(Some(log_id::<TypeConfig>(1, 0, 4))).await.expect("truncate");
-        assert_eq!(syncs(), before + 3, "truncate");
+        assert_eq!(fsyncs(&log), before + 3, "truncate");
         log.purge(log_id::<TypeConfig>(1, 0, 2)).await.expect("purge");
-        assert_eq!(syncs(), before + 4, "purge");
+        assert_eq!(fsyncs(&log), before + 4, "purge");
         log.save_committed(Some(log_id::<TypeConfig>(1, 0, 3))).await.expect("committed");
-        assert_eq!(syncs(), before + 4, "save_committed rides on the next sync");
-        drop((log, db));
+        assert_eq!(fsyncs(&log), before + 4, "save_committed rides on the next sync");
+        // Nothing to truncate after the last entry: no write at all.
+        log.truncate_after(Some(log_id::<TypeConfig>(1, 0, 4))).await.expect("truncate");
+        assert_eq!(fsyncs(&log), before + 4, "an empty truncation");
 
-        let mut log = open(dir.path());
-        assert_eq!(indexes(&mut log).await, [3, 4]);
-        assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(2, 7)));
-        assert_eq!(
-            log.read_committed().await.expect("committed"),
-            Some(log_id::<TypeConfig>(1, 0, 3))
-        );
-        let state = log.get_log_state().await.expect("state");
+        // What a crash would leave right now: the files as they are, the log still open (a
+        // clean close writes what is pending, and would prove nothing).
+        let crashed = tempfile::tempdir().expect("dir");
+        crate::test_entries::copy_tree(dir.path(), crashed.path());
+        let mut copy = open(crashed.path());
+        assert_eq!(indexes(&mut copy).await, [3, 4]);
+        assert_eq!(copy.read_vote().await.expect("vote"), Some(Vote::new(2, 7)));
+        assert_eq!(copy.read_committed().await.expect("committed"), None, "not synced yet");
+        let state = copy.get_log_state().await.expect("state");
         assert_eq!(state.last_purged_log_id, Some(log_id::<TypeConfig>(1, 0, 2)));
         assert_eq!(state.last_log_id, Some(log_id::<TypeConfig>(1, 0, 4)));
+        drop(copy);
+
+        // The next append carries the commit index to disk with it.
+        log.blocking_append([blank_ent::<TypeConfig>(3, 1, 5)]).await.expect("append");
+        let crashed = tempfile::tempdir().expect("dir");
+        crate::test_entries::copy_tree(dir.path(), crashed.path());
+        let mut copy = open(crashed.path());
+        assert_eq!(indexes(&mut copy).await, [3, 4, 5], "the log goes on where it was cut");
+        assert_eq!(
+            copy.read_committed().await.expect("committed"),
+            Some(log_id::<TypeConfig>(1, 0, 3))
+        );
     }
 
     #[tokio::test]
@@ -473,6 +565,9 @@ mod tests {
         log.blocking_append((0..10).map(|i| blank_ent::<TypeConfig>(1, 0, i)))
             .await
             .expect("append");
+        // Opened again, the window of recent entries is empty: every read is the files'.
+        drop(log);
+        let mut log = open(dir.path());
         let read = |r: (Bound<u64>, Bound<u64>)| {
             let mut log = log.clone();
             async move {
@@ -485,6 +580,7 @@ mod tests {
         assert_eq!(read((Bound::Unbounded, Bound::Excluded(2))).await, [0, 1]);
         assert_eq!(read((Bound::Included(8), Bound::Unbounded)).await, [8, 9]);
         assert!(read((Bound::Included(5), Bound::Excluded(5))).await.is_empty());
+        assert!(read((Bound::Included(7), Bound::Excluded(5))).await.is_empty());
         assert!(read((Bound::Excluded(u64::MAX), Bound::Unbounded)).await.is_empty());
         assert_eq!(read((Bound::Included(9), Bound::Included(u64::MAX))).await, [9]);
         // The purged-only log still reports where it ends.
@@ -492,5 +588,125 @@ mod tests {
         assert!(indexes(&mut log).await.is_empty());
         let state = log.get_log_state().await.expect("state");
         assert_eq!(state.last_log_id, Some(log_id::<TypeConfig>(1, 0, 9)));
+        assert_eq!(log.last_entry_index(), None);
+    }
+
+    /// What the disk holds once a process dies mid-write: the last record cut short. The log
+    /// opens with every entry before it.
+    #[tokio::test]
+    async fn a_torn_last_record_is_cut_off_on_opening() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut log = open(dir.path());
+        let body = vec![7u8; 300];
+        log.blocking_append((1..=3).map(|i| publish_entry(1, i, body.clone())))
+            .await
+            .expect("append");
+        drop(log);
+        let chunks: Vec<_> = std::fs::read_dir(dir.path().join(log_files::DIR))
+            .expect("list")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "wal"))
+            .collect();
+        let last = chunks.iter().max().expect("a chunk file");
+        let len = std::fs::metadata(last).expect("size").len();
+        // Cut into the middle of the last entry's record (its body alone is 300 bytes).
+        let file = std::fs::OpenOptions::new().write(true).open(last).expect("open chunk");
+        file.set_len(len - 100).expect("cut");
+        drop(file);
+
+        let mut log = open(dir.path());
+        assert_eq!(indexes(&mut log).await, [1, 2]);
+        let state = log.get_log_state().await.expect("state");
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(2));
+        log.blocking_append([publish_entry(1, 3, body)]).await.expect("append after the cut");
+        assert_eq!(indexes(&mut log).await, [1, 2, 3]);
+    }
+
+    /// A data directory from before the log had files of its own kept it in RocksDB: it is
+    /// copied out on the first start and removed from RocksDB, and later starts read the copy.
+    #[tokio::test]
+    async fn a_log_kept_in_rocksdb_is_moved_to_its_files() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let db = db::open(&dir.path().join("db"), None).expect("db");
+            let mut batch = WriteBatch::default();
+            let log_cf = db::cf(&db, CF_LOG).expect("cf");
+            let meta = db::cf(&db, CF_RAFT_META).expect("cf");
+            for i in 4..=9 {
+                let entry = publish_entry(2, i, format!("job {i}").into_bytes());
+                batch.put_cf(log_cf, log_key(i), codec::encode(&entry));
+            }
+            batch.put_cf(meta, meta_key::VOTE, codec::encode(&Vote::new(2, 0)));
+            batch.put_cf(
+                meta,
+                meta_key::LAST_PURGED,
+                codec::encode(&log_id::<TypeConfig>(1, 0, 3)),
+            );
+            batch.put_cf(
+                meta,
+                meta_key::COMMITTED,
+                codec::encode(&Some(log_id::<TypeConfig>(2, 0, 8))),
+            );
+            db.write_opt(batch, &db::synced()).expect("write");
+        }
+        for start in ["first", "second"] {
+            let mut log = open(dir.path());
+            assert_eq!(indexes(&mut log).await, [4, 5, 6, 7, 8, 9], "{start} start");
+            let entries = log.try_get_log_entries(5..6).await.expect("read");
+            let fifth = publish_entry(2, 5, b"job 5".to_vec());
+            assert_eq!(codec::encode(&entries[0]), codec::encode(&fifth), "{start} start");
+            assert_eq!(log.read_vote().await.expect("vote"), Some(Vote::new(2, 0)));
+            assert_eq!(log.committed(), Some(log_id::<TypeConfig>(2, 0, 8)));
+            let state = log.get_log_state().await.expect("state");
+            assert_eq!(state.last_purged_log_id, Some(log_id::<TypeConfig>(1, 0, 3)));
+            assert_eq!(state.last_log_id, Some(log_id::<TypeConfig>(2, 0, 9)));
+            let mut it = log.db.raw_iterator_cf(db::cf(&log.db, CF_LOG).expect("cf"));
+            it.seek_to_first();
+            assert!(!it.valid(), "{start} start: RocksDB still holds log entries");
+            let vote = log.db.get_cf(db::cf(&log.db, CF_RAFT_META).expect("cf"), meta_key::VOTE);
+            assert_eq!(vote.expect("get"), None, "{start} start: RocksDB still holds the vote");
+        }
+        assert!(!dir.path().join("log.import").exists());
+    }
+
+    /// A data directory an older delayd ran again after its log moved to its files holds a
+    /// newer vote in RocksDB than in the files: it is refused, not silently dropped.
+    #[tokio::test]
+    async fn a_newer_log_in_rocksdb_after_the_move_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut log = open(dir.path());
+        log.save_vote(&Vote::new(2, 1)).await.expect("vote");
+        let db = log.db.clone();
+        drop(log);
+        let meta = db::cf(&db, CF_RAFT_META).expect("cf");
+        db.put_cf(meta, meta_key::VOTE, codec::encode(&Vote::new(3, 2))).expect("put");
+        drop(db);
+        let refused = Store::open(dir.path()).err().expect("refused");
+        assert!(refused.to_string().contains("older delayd"), "{refused}");
+    }
+
+    /// A copy that a crash interrupted is started again from RocksDB's copy, which is still
+    /// whole: the half-written files are not taken for the log.
+    #[tokio::test]
+    async fn an_interrupted_move_starts_again() {
+        let dir = tempfile::tempdir().expect("dir");
+        {
+            let db = db::open(&dir.path().join("db"), None).expect("db");
+            let log_cf = db::cf(&db, CF_LOG).expect("cf");
+            let entry = publish_entry(1, 1, b"one".to_vec());
+            db.put_cf(log_cf, log_key(1), codec::encode(&entry)).expect("put");
+        }
+        // What a crash mid-copy leaves: a staging directory with a log of its own (here one
+        // that RocksDB's does not match, to tell them apart).
+        {
+            let mut staged = log_files::open(&dir.path().join("log.import")).expect("open");
+            let stray = publish_entry(1, 7, b"stray".to_vec());
+            let bytes = StoredEntry(Arc::new(codec::encode(&stray)));
+            staged.append([(StoredLogId(stray.log_id), bytes)]).expect("append");
+            log_files::sync_blocking(&mut staged).expect("sync");
+        }
+        let mut log = open(dir.path());
+        assert_eq!(indexes(&mut log).await, [1]);
+        assert!(!dir.path().join("log.import").exists());
     }
 }

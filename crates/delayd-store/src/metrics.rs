@@ -1,4 +1,4 @@
-//! The store's own Prometheus metrics: log appends and fsyncs, snapshots, the commit index.
+//! The store's own Prometheus metrics: log appends, applies, snapshots, the commit index.
 //!
 //! [`StoreMetrics::default`] creates the handles without registering them anywhere, so a
 //! store opened by [`Store::open`](crate::Store::open) (its tests, tools) records into handles
@@ -14,12 +14,10 @@ use prometheus::{Histogram, HistogramOpts, IntGauge, Opts, Registry};
 /// Handles for the metrics the store records; see `docs/metrics.md` for their meaning.
 #[derive(Clone)]
 pub struct StoreMetrics {
-    /// From an `append` call to its durable callback: the write plus the wait for the syncer.
+    /// From an `append` call to its durable callback: the write plus the wait for the log's
+    /// flush worker and its fsync. (The worker's own counts are read from the log at scrape
+    /// time: see `StateReader::log_flushes`.)
     pub(crate) log_append_seconds: Histogram,
-    /// One WAL sync of the syncer (one group commit).
-    pub(crate) log_fsync_seconds: Histogram,
-    /// Appends (openraft `append` calls) completed by one WAL sync.
-    pub(crate) log_fsync_batch_entries: Histogram,
     /// Applying a batch of committed entries to the state machine.
     pub(crate) apply_seconds: Histogram,
     /// Building a snapshot file from a consistent view.
@@ -42,9 +40,6 @@ const IO_SECONDS: &[f64] = &[
 /// Bucket bounds for snapshot builds and installs: 10 ms to 10 minutes.
 const SNAPSHOT_SECONDS: &[f64] = &[0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 
-/// Bucket bounds for appends per fsync: powers of two.
-const BATCH: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
-
 fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
     let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
     // Only an invalid name, help or bucket list fails, and those are constants here: a
@@ -63,16 +58,6 @@ impl Default for StoreMetrics {
                 "delayd_log_append_seconds",
                 "Raft log appends, from the append call until the entries are fsynced.",
                 IO_SECONDS,
-            ),
-            log_fsync_seconds: histogram(
-                "delayd_log_fsync_seconds",
-                "WAL syncs of the log syncer (one per group commit).",
-                IO_SECONDS,
-            ),
-            log_fsync_batch_entries: histogram(
-                "delayd_log_fsync_batch_entries",
-                "Log appends made durable by one WAL sync.",
-                BATCH,
             ),
             apply_seconds: histogram(
                 "delayd_apply_seconds",
@@ -107,8 +92,6 @@ impl StoreMetrics {
     pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
         for h in [
             &self.log_append_seconds,
-            &self.log_fsync_seconds,
-            &self.log_fsync_batch_entries,
             &self.apply_seconds,
             &self.snapshot_build_seconds,
             &self.snapshot_install_seconds,

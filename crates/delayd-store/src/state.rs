@@ -20,6 +20,7 @@ use crate::db::{
     SM_LAST_APPLIED, SM_MEMBERSHIP, SM_RESERVED_PREFIX,
 };
 use crate::error::StoreError;
+use crate::log::FlushStats;
 use crate::metrics::{since, StoreMetrics};
 use crate::snapshot::{self, SnapshotDir, SnapshotReader, SnapshotRecord};
 use crate::{
@@ -81,6 +82,8 @@ pub(crate) struct Shared {
     metrics: StoreMetrics,
     /// What apply reads again and again (`apply_cache.rs`).
     pub(crate) apply_cache: Mutex<ApplyCache>,
+    /// The Raft log's flush statistics, for `/metrics`.
+    log_flushes: FlushStats,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,7 +97,12 @@ fn ctx_io(what: &'static str) -> impl Fn(io::Error) -> StoreError {
 }
 
 impl Shared {
-    fn open(db: Arc<Db>, dir: SnapshotDir, metrics: StoreMetrics) -> Result<Self, StoreError> {
+    fn open(
+        db: Arc<Db>,
+        dir: SnapshotDir,
+        metrics: StoreMetrics,
+        log_flushes: FlushStats,
+    ) -> Result<Self, StoreError> {
         let mut current: Option<SnapshotRecord> =
             db::get_decoded(&db, CF_RAFT_META, meta_key::SNAPSHOT)?;
         if let Some(record) = &current {
@@ -115,6 +123,7 @@ impl Shared {
             listener: RwLock::new(None),
             metrics,
             apply_cache: Mutex::new(ApplyCache::default()),
+            log_flushes,
         };
         let unfinished: Option<SnapshotRecord> =
             db::get_decoded(&shared.db, CF_RAFT_META, meta_key::INSTALLING)?;
@@ -524,8 +533,10 @@ impl StateMachineStore {
         db: Arc<Db>,
         dir: SnapshotDir,
         metrics: StoreMetrics,
+        log_flushes: FlushStats,
     ) -> Result<Self, StoreError> {
-        Ok(StateMachineStore { shared: Arc::new(Shared::open(db, dir, metrics)?) })
+        let shared = Shared::open(db, dir, metrics, log_flushes)?;
+        Ok(StateMachineStore { shared: Arc::new(shared) })
     }
 
     /// A cheap, cloneable handle for reading the state (and setting the listener) after this
@@ -586,6 +597,11 @@ impl StateReader {
     /// RocksDB's flushes and compactions running or due now; see [`BackgroundWork`].
     pub fn background_work(&self) -> Result<BackgroundWork, StoreError> {
         db::background_work(&self.shared.db)
+    }
+
+    /// The Raft log's fsyncs and size on disk; `None` once the log has closed.
+    pub fn log_flushes(&self) -> Option<crate::LogFlushes> {
+        self.shared.log_flushes.read()
     }
 
     /// Sets the apply listener; see [`StateMachineStore::set_listener`].

@@ -41,6 +41,8 @@ async fn a_data_directory_written_on_openraft_0_9_opens() {
     assert_eq!(ids.len(), 5);
 
     let (mut log, mut sm) = Store::open(dir.path()).expect("the 0.9 directory opens");
+    // That version kept the log in RocksDB; it is moved to files of its own on this start.
+    assert!(dir.path().join("log").is_dir(), "the log was not moved to log/");
 
     let vote = log.read_vote().await.expect("vote").expect("a vote was saved");
     assert!(vote.committed, "the single node's vote was granted: {vote}");

@@ -515,7 +515,7 @@ const MAX_WORKER_THREADS: usize = 1024;
 
 /// One Tokio worker fewer than the cores this process may use, at least one.
 ///
-/// The workers are not the node's only busy threads: the WAL syncer, the blocking pool
+/// The workers are not the node's only busy threads: the log's flush worker, the blocking pool
 /// that applies large batches, RocksDB's flushes and compactions and snapshot builds run
 /// beside them, and with a worker on every core those threads preempt workers in the
 /// middle of a request. On two cores, with three nodes and the load generator sharing

@@ -24,6 +24,11 @@
 //! Only the named work is measured: a drain's backlog and the tick's jobs are published
 //! before the clock starts.
 //!
+//! With `--log`, every entry is first appended to the store's Raft log and waited for until
+//! it is fsynced, as a node appends each entry before it applies it, and the log is purged
+//! every [`PURGE_EVERY`] entries, as a node's snapshots let it: the cost of the log is then
+//! in the figures too (under callgrind, its flush worker's instructions with it).
+//!
 //! Acks carry no lease (the lease check is a comparison on the record the ack loads
 //! anyway), and each consumer's jobs are known from the order they were published in.
 
@@ -34,9 +39,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use delayd_core::{Command, Due, Entry, JobId, JobState, NewJob, QueueName};
-use delayd_store::{LogEntry, StateMachineStore, Store, TypeConfig};
+use delayd_store::{LogEntry, LogStore, StateMachineStore, Store, TypeConfig};
 use openraft::entry::RaftEntry;
-use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::storage::{EntryResponder, RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 
 // The cluster bench's file: what this binary does not use of it is the cluster bench's.
 #[allow(dead_code)]
@@ -55,6 +60,10 @@ const PUBLISH_DELAY_MS: u64 = 3_600_000;
 
 /// Jobs a `tick-riders` tick fires: what 5,000 jobs/s due bring in 10 ms.
 const RIDDEN_TICK: u64 = 50;
+
+/// With `--log`, the log is purged up to the entry just applied every this many entries: a
+/// node's snapshot policy (`snapshot_logs_since_last`), after which openraft purges.
+const PURGE_EVERY: u64 = 50_000;
 
 /// Applies delayd commands to one store and prints the cost per job.
 #[derive(Parser, Debug)]
@@ -83,11 +92,16 @@ struct Args {
     /// Data directory (default: a fresh temporary one, removed at the end).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Append every entry to the Raft log, synced, before applying it (see the module docs).
+    #[arg(long)]
+    log: bool,
 }
 
 /// The store and the log position entries are applied at.
 struct Bench {
     sm: StateMachineStore,
+    /// The log every entry is appended to first, with `--log`.
+    log: Option<LogStore>,
     index: u64,
     /// The replicated clock the entries carry.
     now_ms: u64,
@@ -107,6 +121,12 @@ impl Bench {
             openraft::testing::log_id::<TypeConfig>(1, 1, self.index),
             Entry::new(self.now_ms, commands),
         );
+        if let Some(log) = &mut self.log {
+            log.blocking_append([entry.clone()]).await?;
+            if self.index.is_multiple_of(PURGE_EVERY) {
+                log.purge(entry.log_id).await?;
+            }
+        }
         let items: Vec<Result<EntryResponder<TypeConfig>, io::Error>> = vec![Ok((entry, None))];
         RaftStateMachine::apply(&mut self.sm, futures::stream::iter(items)).await?;
         Ok(())
@@ -334,10 +354,11 @@ async fn run() -> Result<()> {
     }
     let temp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| temp.path().to_path_buf());
-    let (_log, sm) = Store::open(&dir).context("open the store")?;
+    let (log, sm) = Store::open(&dir).context("open the store")?;
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
     let mut bench = Bench {
         sm,
+        log: args.log.then_some(log),
         index: 0,
         now_ms: u64::try_from(now_ms)?,
         queue: QueueName::new("bench", "apply"),
@@ -351,10 +372,11 @@ async fn run() -> Result<()> {
         None => "no ttl".to_string(),
     };
     println!(
-        "{} jobs per workload, {} commands per entry, {}-byte bodies, {ttl}, store in {}",
+        "{} jobs per workload, {} commands per entry, {}-byte bodies, {ttl}, {}, store in {}",
         args.jobs,
         args.batch,
         args.body,
+        if args.log { "each entry appended to the log first" } else { "no log" },
         dir.display()
     );
     println!("{:<18} {:>10} {:>12} {:>12}", "workload", "jobs/s", "wall µs/job", "CPU µs/job");

@@ -1,0 +1,211 @@
+//! The Raft log's own files: the `raft-log` crate's chunked write-ahead log, typed for delayd.
+//!
+//! The log, the vote and the commit index live in `<data_dir>/log/`, in append-only chunk
+//! files (`r-<offset>.wal`) of checksummed records: an append, a vote, a commit index, a
+//! truncation, a purge, and at the head of every chunk the state they add up to. One worker
+//! thread writes and `fdatasync`s each write the store hands it, then completes its callback
+//! ([`FLUSH_BATCH_WAIT`] says why one fsync per write); a purge deletes whole chunks once its
+//! record is synced.
+//! On opening, the chunks are replayed into an index of every entry's place, and a torn
+//! record at the tail (a crash mid-write) is cut off.
+//!
+//! Why not RocksDB, where the log was before: every entry was written to RocksDB's WAL, then
+//! inserted into a memtable, flushed into a table file and compacted, only to be deleted once
+//! a snapshot covered it. That was a third or more of the bytes RocksDB wrote to table files
+//! under load, it took memtable space from the state machine (whose flushes are the costly
+//! ones), and a flush of any column family flushed all of them. Here an entry is written once.
+//!
+//! Stored values: log ids and votes in [`delayd_core::codec`]'s encoding, each behind a
+//! length; an entry as the bytes [`LogStore`](crate::LogStore) stores for it (the codec's
+//! version byte, then the entry's postcard encoding) behind a length.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use delayd_core::codec;
+use openraft::storage::IOFlushed;
+use prometheus::Histogram;
+use raft_log::codeq::{Decode, Encode};
+use raft_log::RaftLog;
+
+use crate::error::StoreError;
+use crate::recent::Encoded;
+use crate::{LogId, TypeConfig, Vote};
+
+/// The directory of the log's chunk files, beside the RocksDB directory.
+pub(crate) const DIR: &str = "log";
+
+/// A chunk is closed, and a new one started, at this size. Entries of the open chunk stay in
+/// memory whatever [`CACHE_BYTES`] says, and purges delete whole closed chunks, so this bounds
+/// both what the cache must hold and what a purge leaves on disk.
+const CHUNK_BYTES: usize = 16 << 20;
+
+/// Most bytes of entries the log keeps in memory once their chunk is closed and synced. The
+/// window of recent entries (`recent.rs`) serves almost every read; this covers a follower a
+/// few seconds behind without reading the files.
+const CACHE_BYTES: usize = 16 << 20;
+
+/// The buffer that reads a chunk when it is replayed on opening.
+const READ_BUFFER_BYTES: usize = 1 << 20;
+
+/// How long the flush worker waits, after taking a write, for more to share its fsync. Not at
+/// all: each write handed over gets an fsync of its own, which then covers everything the
+/// write carries (an append's entries, and a commit index or anything else written since the
+/// last one). A wait would be added to every commit, and a node has one append at a time to
+/// sync: a leader proposes one entry at a time, and a follower gets the next one once the
+/// leader committed this one.
+const FLUSH_BATCH_WAIT: std::time::Duration = std::time::Duration::ZERO;
+
+/// The types the `raft-log` crate stores for delayd.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct LogTypes;
+
+impl raft_log::Types for LogTypes {
+    type LogId = StoredLogId;
+    type LogPayload = StoredEntry;
+    type Vote = StoredVote;
+    type Callback = Flushed;
+    type UserData = ();
+
+    fn log_index(log_id: &StoredLogId) -> u64 {
+        log_id.0.index
+    }
+
+    fn payload_size(payload: &StoredEntry) -> u64 {
+        payload.0.len() as u64
+    }
+}
+
+/// The log as the store keeps it open.
+pub(crate) type Wal = RaftLog<LogTypes>;
+
+/// A log id, ordered as openraft orders them: by leader, then index.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct StoredLogId(pub(crate) LogId);
+
+/// An entry's stored bytes, shared with the window of recent entries and the replication
+/// requests that carry them.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredEntry(pub(crate) Encoded);
+
+/// A vote, ordered as openraft orders them; a vote is only ever replaced by a greater one.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd)]
+pub(crate) struct StoredVote(pub(crate) Vote);
+
+fn encode_bytes<W: io::Write>(bytes: &[u8], mut w: W) -> io::Result<usize> {
+    let len = u32::try_from(bytes.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a log record over 4 GiB"))?;
+    w.write_all(&len.to_be_bytes())?;
+    w.write_all(bytes)?;
+    Ok(4 + bytes.len())
+}
+
+fn decode_bytes<R: io::Read>(mut r: R) -> io::Result<Vec<u8>> {
+    // The codeq decoder reads at most the length it finds; a corrupt length ends at the
+    // end of the record and fails its checksum.
+    Vec::<u8>::decode(&mut r)
+}
+
+fn encode_value<T: serde::Serialize, W: io::Write>(value: &T, w: W) -> io::Result<usize> {
+    encode_bytes(&codec::encode(value), w)
+}
+
+fn decode_value<T: serde::de::DeserializeOwned, R: io::Read>(r: R) -> io::Result<T> {
+    let bytes = decode_bytes(r)?;
+    codec::decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+impl Encode for StoredLogId {
+    fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
+        encode_value(&self.0, w)
+    }
+}
+
+impl Decode for StoredLogId {
+    fn decode<R: io::Read>(r: R) -> io::Result<Self> {
+        decode_value(r).map(StoredLogId)
+    }
+}
+
+impl Encode for StoredVote {
+    fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
+        encode_value(&self.0, w)
+    }
+}
+
+impl Decode for StoredVote {
+    fn decode<R: io::Read>(r: R) -> io::Result<Self> {
+        decode_value(r).map(StoredVote)
+    }
+}
+
+impl Encode for StoredEntry {
+    fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
+        encode_bytes(&self.0, w)
+    }
+}
+
+impl Decode for StoredEntry {
+    fn decode<R: io::Read>(r: R) -> io::Result<Self> {
+        decode_bytes(r).map(|bytes| StoredEntry(Arc::new(bytes)))
+    }
+}
+
+/// What the flush worker completes once a write is on disk (or failed).
+pub(crate) enum Flushed {
+    /// An openraft append: tell openraft, and record how long the append took.
+    Append {
+        /// When openraft called `append`.
+        appended: Instant,
+        callback: IOFlushed<TypeConfig>,
+        seconds: Histogram,
+    },
+    /// A write an async caller awaits (a vote, a truncation, a purge).
+    Awaited(tokio::sync::oneshot::Sender<io::Result<()>>),
+    /// A write a blocking caller waits for (opening, importing, recovery).
+    Blocking(std::sync::mpsc::SyncSender<io::Result<()>>),
+}
+
+impl raft_log::Callback for Flushed {
+    fn send(self, res: io::Result<()>) {
+        match self {
+            Flushed::Append { appended, callback, seconds } => {
+                seconds.observe(appended.elapsed().as_secs_f64());
+                callback.io_completed(res);
+            }
+            // A receiver that is gone stopped waiting; the write stands either way.
+            Flushed::Awaited(tx) => {
+                let _ = tx.send(res);
+            }
+            // raft-log's own callback for a sync channel, which ignores a gone receiver too.
+            Flushed::Blocking(tx) => raft_log::Callback::send(tx, res),
+        }
+    }
+}
+
+/// Opens (creating if needed) the log in `dir`: replays its chunks and cuts off a torn tail.
+pub(crate) fn open(dir: &Path) -> Result<Wal, StoreError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| StoreError::io(format!("create {}", dir.display()), e))?;
+    let mut config = raft_log::Config::new(dir.display());
+    config.wal.chunk_max_size = Some(CHUNK_BYTES);
+    config.wal.read_buffer_size = Some(READ_BUFFER_BYTES);
+    config.wal.flush_batch_wait = Some(FLUSH_BATCH_WAIT);
+    config.log_cache_capacity = Some(CACHE_BYTES);
+    RaftLog::open(Arc::new(config))
+        .map_err(|e| StoreError::io(format!("open the Raft log in {}", dir.display()), e))
+}
+
+/// Hands everything written so far to the flush worker and waits until it is on disk.
+/// Blocking: for opening, importing and offline tools.
+pub(crate) fn sync_blocking(wal: &mut Wal) -> Result<(), StoreError> {
+    use raft_log::api::raft_log_writer::RaftLogWriter;
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    wal.flush(true, Some(Flushed::Blocking(tx))).map_err(|e| StoreError::io("sync the log", e))?;
+    match rx.recv() {
+        Ok(result) => result.map_err(|e| StoreError::io("sync the log", e)),
+        Err(_) => Err(StoreError::Task("the log's flush worker stopped".into())),
+    }
+}
