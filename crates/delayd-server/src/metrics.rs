@@ -196,6 +196,12 @@ impl Builder<'_> {
     }
 }
 
+/// Moves a counter up to `n`, a count kept elsewhere (RocksDB's, the log's flush worker's)
+/// that only grows while its source is open; scrapes are serialised, so the counter follows it.
+fn follow(counter: &IntCounter, n: u64) {
+    counter.inc_by(n.saturating_sub(counter.get()));
+}
+
 fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -630,10 +636,7 @@ impl Metrics {
             Ok(w) => {
                 self.rocksdb_write_stopped.with_label_values::<&str>(&[]).set(i64::from(w.stopped));
                 for (kind, n) in [("stop", w.stops), ("delay", w.delays)] {
-                    // RocksDB's counts only grow while the database is open (scrapes are
-                    // serialised): the counter follows them.
-                    let counter = self.rocksdb_write_stalls.with_label_values(&[kind]);
-                    counter.inc_by(n.saturating_sub(counter.get()));
+                    follow(&self.rocksdb_write_stalls.with_label_values(&[kind]), n);
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's write stalls"),
@@ -654,10 +657,8 @@ impl Metrics {
         }
         self.log_size.reset();
         if let Some(log) = reader.log_flushes() {
-            // The worker's counts only grow while the log is open (scrapes are serialised):
-            // the counters follow them.
-            let fsyncs = self.log_fsyncs.with_label_values::<&str>(&[]);
-            fsyncs.inc_by(log.fsyncs.saturating_sub(fsyncs.get()));
+            follow(&self.log_fsyncs.with_label_values::<&str>(&[]), log.fsyncs);
+            // As `follow`, in seconds.
             let seconds = self.log_fsync_seconds.with_label_values::<&str>(&[]);
             seconds.inc_by((log.fsync_micros as f64 / 1e6 - seconds.get()).max(0.0));
             self.log_size.with_label_values::<&str>(&[]).set(to_i64(log.disk_bytes));

@@ -14,7 +14,7 @@ use rocksdb::WriteBatch;
 
 use crate::db::{self, log_key, meta_key, Db, CF_LOG, CF_RAFT_META};
 use crate::error::StoreError;
-use crate::log_files::{self, Flushed, StoredEntry, StoredLogId, StoredVote, Wal};
+use crate::log_files::{self, Coded, Flushed, StoredEntry, Wal};
 use crate::metrics::StoreMetrics;
 use crate::recent::{Encoded, Recent};
 use crate::{LogEntry, LogId, TypeConfig, Vote};
@@ -97,11 +97,6 @@ impl LogStore {
         crate::ClusterIdStore::new(self.db.clone())
     }
 
-    /// What the log's flush worker has done, and the log's size on disk.
-    pub fn flushes(&self) -> LogFlushes {
-        flushes(&self.wal())
-    }
-
     /// Opens the log in `<data_dir>/log`. A data directory written before the log had files
     /// of its own (it kept the log in RocksDB) has its log, vote and commit index copied over
     /// first; see [`import_legacy`]. Blocking.
@@ -111,12 +106,15 @@ impl LogStore {
         metrics: StoreMetrics,
     ) -> Result<Self, StoreError> {
         let dir = data_dir.join(log_files::DIR);
-        if !dir.exists() {
-            import_legacy(&db, &dir)?;
+        let legacy = Legacy::read(&db)?;
+        if !dir.exists() && !legacy.is_empty() {
+            import_legacy(&db, &legacy, &dir)?;
         }
         let wal = log_files::open(&dir)?;
-        refuse_newer_legacy(&db, &wal)?;
-        remove_legacy(&db)?;
+        if !legacy.is_empty() {
+            refuse_newer_legacy(&legacy, &wal)?;
+            remove_legacy(&db)?;
+        }
         Ok(LogStore { db, wal: Arc::new(Mutex::new(wal)), recent: Arc::default(), metrics })
     }
 
@@ -142,16 +140,16 @@ impl LogStore {
     pub(crate) fn start_after(&self, last: LogId, vote: Vote) -> Result<(), StoreError> {
         let mut wal = self.wal();
         let io = |e| StoreError::io("start the log after a restored snapshot", e);
-        wal.save_vote(StoredVote(vote)).map_err(io)?;
-        wal.purge(StoredLogId(last)).map_err(io)?;
-        wal.commit(StoredLogId(last)).map_err(io)?;
+        wal.save_vote(Coded(vote)).map_err(io)?;
+        wal.purge(Coded(last)).map_err(io)?;
+        wal.commit(Coded(last)).map_err(io)?;
         self.recent().purged_upto(last.index);
         log_files::sync_blocking(&mut wal)
     }
 
     /// Entries with `start <= index < end`. Blocking.
     pub(crate) fn read_range(&self, start: u64, end: u64) -> Result<Vec<LogEntry>, StoreError> {
-        read_entries(&self.wal(), start, Some(end))
+        read_entries(&self.wal, start, Some(end))
     }
 
     fn wal(&self) -> MutexGuard<'_, Wal> {
@@ -189,7 +187,7 @@ impl Synced {
 }
 
 /// The log's flush statistics, read by `/metrics` through the state reader.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct FlushStats(std::sync::Weak<Mutex<Wal>>);
 
 impl FlushStats {
@@ -197,50 +195,76 @@ impl FlushStats {
     pub(crate) fn read(&self) -> Option<LogFlushes> {
         let wal = self.0.upgrade()?;
         let wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-        Some(flushes(&wal))
+        let m = wal.stat().flush_metrics;
+        Some(LogFlushes {
+            fsyncs: m.sync_batch_count,
+            fsync_micros: m.sync_us,
+            disk_bytes: wal.on_disk_size(),
+        })
     }
 }
 
-fn flushes(wal: &Wal) -> LogFlushes {
-    let stat = wal.stat();
-    let m = stat.flush_metrics;
-    LogFlushes {
-        fsyncs: m.sync_batch_count,
-        fsync_micros: m.sync_us,
-        disk_bytes: wal.on_disk_size(),
-    }
-}
-
-/// Entries with `start <= index < end` (`end` `None`: to the end of the log).
-fn read_entries(wal: &Wal, start: u64, end: Option<u64>) -> Result<Vec<LogEntry>, StoreError> {
+/// Entries with `start <= index < end` (`end` `None`: to the end of the log). Only the
+/// stored bytes are taken under the log's lock (shared, or read from a closed chunk); the
+/// entries are decoded after it is released, so that appends do not wait for the decoding.
+fn read_entries(
+    wal: &Mutex<Wal>,
+    start: u64,
+    end: Option<u64>,
+) -> Result<Vec<LogEntry>, StoreError> {
     let end = end.unwrap_or(u64::MAX);
     if end <= start {
         return Ok(Vec::new());
     }
-    let mut entries = Vec::new();
-    for read in wal.read(start, end) {
-        let (_, StoredEntry(bytes)) = read.map_err(|e| StoreError::io("read the log", e))?;
-        entries.push(codec::decode(&bytes)?);
-    }
-    Ok(entries)
+    let stored: Vec<Encoded> = {
+        let wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
+        let read = wal.read(start, end).map(|r| r.map(|(_, StoredEntry(bytes))| bytes));
+        read.collect::<Result<_, _>>().map_err(|e| StoreError::io("read the log", e))?
+    };
+    stored.iter().map(|bytes| Ok(codec::decode(bytes)?)).collect()
 }
 
-/// Copies the log, vote, commit index and last purged id a data directory kept in RocksDB
-/// (before the log had files of its own) into a new log at `dir`.
+/// What a data directory from before the log had files of its own kept of the log in
+/// RocksDB: read once on opening, to move it ([`import_legacy`]), to check it is not newer
+/// than the files ([`refuse_newer_legacy`]) and to delete it ([`remove_legacy`]).
+struct Legacy {
+    vote: Option<Vote>,
+    purged: Option<LogId>,
+    committed: Option<LogId>,
+    /// The log id of its last entry, if it holds any.
+    last: Option<LogId>,
+}
+
+impl Legacy {
+    fn read(db: &Db) -> Result<Self, StoreError> {
+        let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
+        it.seek_to_last();
+        let last = it.value().map(codec::decode::<LogEntry>).transpose()?.map(|e| e.log_id);
+        it.status()?;
+        Ok(Legacy {
+            vote: db::get_decoded(db, CF_RAFT_META, meta_key::VOTE)?,
+            purged: db::get_decoded(db, CF_RAFT_META, meta_key::LAST_PURGED)?,
+            committed: db::get_decoded::<Option<LogId>>(db, CF_RAFT_META, meta_key::COMMITTED)?
+                .flatten(),
+            last,
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.vote.is_none()
+            && self.purged.is_none()
+            && self.committed.is_none()
+            && self.last.is_none()
+    }
+}
+
+/// Copies the log, vote, commit index and last purged id `legacy` found in RocksDB into a new
+/// log at `dir`.
 ///
 /// The copy is made in `<dir>.import`, synced, and renamed to `dir` (the parent directory
 /// synced after): a crash during the copy leaves no `dir`, and the next start copies again
 /// from scratch. RocksDB's copy is removed only once `dir` exists ([`remove_legacy`]).
-fn import_legacy(db: &Db, dir: &Path) -> Result<(), StoreError> {
-    let vote: Option<Vote> = db::get_decoded(db, CF_RAFT_META, meta_key::VOTE)?;
-    let purged: Option<LogId> = db::get_decoded(db, CF_RAFT_META, meta_key::LAST_PURGED)?;
-    let committed: Option<Option<LogId>> = db::get_decoded(db, CF_RAFT_META, meta_key::COMMITTED)?;
-    let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
-    it.seek_to_first();
-    let has_entries = it.valid();
-    if vote.is_none() && purged.is_none() && !has_entries {
-        return Ok(());
-    }
+fn import_legacy(db: &Db, legacy: &Legacy, dir: &Path) -> Result<(), StoreError> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     let staging = dir.with_extension("import");
     if staging.exists() {
@@ -250,24 +274,24 @@ fn import_legacy(db: &Db, dir: &Path) -> Result<(), StoreError> {
     {
         let mut wal = log_files::open(&staging)?;
         let io = |e| StoreError::io("copy the log out of RocksDB", e);
-        if let Some(vote) = vote {
-            wal.save_vote(StoredVote(vote)).map_err(io)?;
+        if let Some(vote) = legacy.vote {
+            wal.save_vote(Coded(vote)).map_err(io)?;
         }
-        if let Some(purged) = purged {
-            wal.purge(StoredLogId(purged)).map_err(io)?;
+        if let Some(purged) = legacy.purged {
+            wal.purge(Coded(purged)).map_err(io)?;
         }
+        let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
+        it.seek_to_first();
         while let Some(value) = it.value() {
             let entry: LogEntry = codec::decode(value)?;
             let stored = StoredEntry(Arc::new(value.to_vec()));
-            wal.append([(StoredLogId(entry.log_id), stored)]).map_err(io)?;
+            wal.append([(Coded(entry.log_id), stored)]).map_err(io)?;
             it.next();
         }
         it.status()?;
-        let last = wal.log_state().last().cloned();
-        if let Some(committed) = committed.flatten().map(StoredLogId) {
-            if Some(&committed) <= last.as_ref() {
-                wal.commit(committed).map_err(io)?;
-            }
+        let committed = legacy.committed.map(Coded).filter(|c| Some(c) <= wal.log_state().last());
+        if let Some(committed) = committed {
+            wal.commit(committed).map_err(io)?;
         }
         log_files::sync_blocking(&mut wal)?;
     }
@@ -286,15 +310,10 @@ fn import_legacy(db: &Db, dir: &Path) -> Result<(), StoreError> {
 /// binary voted and appended into RocksDB, and neither the files nor a copy of RocksDB's log
 /// over them would be safe to go on with. What RocksDB holds after an ordinary move is what
 /// the files started from, never newer: the move removes it only once the files are whole.
-fn refuse_newer_legacy(db: &Db, wal: &Wal) -> Result<(), StoreError> {
-    let vote: Option<Vote> = db::get_decoded(db, CF_RAFT_META, meta_key::VOTE)?;
-    let mut it = db.raw_iterator_cf(db::cf(db, CF_LOG)?);
-    it.seek_to_last();
-    let last: Option<LogEntry> = it.value().map(codec::decode).transpose()?;
-    it.status()?;
+fn refuse_newer_legacy(legacy: &Legacy, wal: &Wal) -> Result<(), StoreError> {
     let state = wal.log_state();
-    let newer_vote = vote.is_some_and(|v| Some(&StoredVote(v)) > state.vote());
-    let newer_log = last.is_some_and(|e| Some(&StoredLogId(e.log_id)) > state.last());
+    let newer_vote = legacy.vote.is_some_and(|v| Some(&Coded(v)) > state.vote());
+    let newer_log = legacy.last.is_some_and(|l| Some(&Coded(l)) > state.last());
     if newer_vote || newer_log {
         return Err(StoreError::Refused(
             "this data directory was run by an older delayd (one that keeps the Raft log in \
@@ -307,20 +326,10 @@ fn refuse_newer_legacy(db: &Db, wal: &Wal) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Deletes what [`import_legacy`] copied out of RocksDB, if anything is left of it.
+/// Deletes what [`import_legacy`] copied out of RocksDB.
 fn remove_legacy(db: &Db) -> Result<(), StoreError> {
     let log = db::cf(db, CF_LOG)?;
     let meta = db::cf(db, CF_RAFT_META)?;
-    let mut it = db.raw_iterator_cf(log);
-    it.seek_to_first();
-    let mut any = it.valid();
-    it.status()?;
-    for key in [meta_key::VOTE, meta_key::COMMITTED, meta_key::LAST_PURGED] {
-        any |= db.get_pinned_cf(meta, key)?.is_some();
-    }
-    if !any {
-        return Ok(());
-    }
     let mut batch = WriteBatch::default();
     batch.delete_range_cf(log, log_key(0), log_key(u64::MAX));
     batch.delete_cf(log, log_key(u64::MAX));
@@ -359,7 +368,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         }
         // Inline: what misses the window is mostly just behind it, in the log's cache, and
         // read in microseconds; a hop to the blocking pool would cost more than the read.
-        read_entries(&self.wal(), start, end).map_err(std::io::Error::from)
+        read_entries(&self.wal, start, end).map_err(std::io::Error::from)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, std::io::Error> {
@@ -388,7 +397,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), std::io::Error> {
         let synced = {
             let mut wal = self.wal();
-            wal.save_vote(StoredVote(*vote))?;
+            wal.save_vote(Coded(*vote))?;
             hand_to_worker(&mut wal)?
         };
         synced.wait("saving the vote").await
@@ -403,7 +412,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut wal = self.wal();
             let state = wal.log_state();
-            let committed = StoredLogId(committed);
+            let committed = Coded(committed);
             // The log refuses a commit index that goes back or passes its last entry; openraft
             // gives neither, and a refusal here would stop the node for a value that may be lost.
             if Some(&committed) > state.committed() && Some(&committed) <= state.last() {
@@ -449,7 +458,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut wal = self.wal();
             let stored = entries.iter().zip(&written);
-            wal.append(stored.map(|(e, b)| (StoredLogId(e.log_id), StoredEntry(b.clone()))))?;
+            wal.append(stored.map(|(e, b)| (Coded(e.log_id), StoredEntry(b.clone()))))?;
             let seconds = self.metrics.log_append_seconds.clone();
             wal.flush(true, Some(Flushed::Append { appended, callback, seconds }))?;
         }
@@ -485,7 +494,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.recent().purged_upto(log_id.index);
         let synced = {
             let mut wal = self.wal();
-            wal.purge(StoredLogId(log_id))?;
+            wal.purge(Coded(log_id))?;
             hand_to_worker(&mut wal)?
         };
         synced.wait("purging the log").await
@@ -514,7 +523,7 @@ mod tests {
     async fn raft_writes_are_fsynced_and_survive_reopening() {
         let dir = tempfile::tempdir().expect("dir");
         let mut log = open(dir.path());
-        let fsyncs = |log: &LogStore| log.flushes().fsyncs;
+        let fsyncs = |log: &LogStore| log.flush_stats().read().expect("the log is open").fsyncs;
 
         let before = fsyncs(&log);
         log.blocking_append((1..=6).map(|i| blank_ent::<TypeConfig>(1, 0, i)))
@@ -702,7 +711,7 @@ mod tests {
             let mut staged = log_files::open(&dir.path().join("log.import")).expect("open");
             let stray = publish_entry(1, 7, b"stray".to_vec());
             let bytes = StoredEntry(Arc::new(codec::encode(&stray)));
-            staged.append([(StoredLogId(stray.log_id), bytes)]).expect("append");
+            staged.append([(Coded(stray.log_id), bytes)]).expect("append");
             log_files::sync_blocking(&mut staged).expect("sync");
         }
         let mut log = open(dir.path());

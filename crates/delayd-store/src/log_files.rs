@@ -81,75 +81,49 @@ impl raft_log::Types for LogTypes {
 /// The log as the store keeps it open.
 pub(crate) type Wal = RaftLog<LogTypes>;
 
-/// A log id, ordered as openraft orders them: by leader, then index.
+/// A value kept in [`delayd_core::codec`]'s encoding behind a length (codeq's byte-string
+/// layout), ordered as the value is: log ids as openraft orders them (by leader, then
+/// index), votes as openraft compares them (a vote is only ever replaced by a greater one).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct StoredLogId(pub(crate) LogId);
+pub(crate) struct Coded<T>(pub(crate) T);
+
+/// A log id as the log keeps it.
+pub(crate) type StoredLogId = Coded<LogId>;
+
+/// A vote as the log keeps it.
+pub(crate) type StoredVote = Coded<Vote>;
 
 /// An entry's stored bytes, shared with the window of recent entries and the replication
 /// requests that carry them.
 #[derive(Debug, Clone)]
 pub(crate) struct StoredEntry(pub(crate) Encoded);
 
-/// A vote, ordered as openraft orders them; a vote is only ever replaced by a greater one.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd)]
-pub(crate) struct StoredVote(pub(crate) Vote);
-
-fn encode_bytes<W: io::Write>(bytes: &[u8], mut w: W) -> io::Result<usize> {
-    let len = u32::try_from(bytes.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a log record over 4 GiB"))?;
-    w.write_all(&len.to_be_bytes())?;
-    w.write_all(bytes)?;
-    Ok(4 + bytes.len())
-}
-
-fn decode_bytes<R: io::Read>(mut r: R) -> io::Result<Vec<u8>> {
-    // The codeq decoder reads at most the length it finds; a corrupt length ends at the
-    // end of the record and fails its checksum.
-    Vec::<u8>::decode(&mut r)
-}
-
-fn encode_value<T: serde::Serialize, W: io::Write>(value: &T, w: W) -> io::Result<usize> {
-    encode_bytes(&codec::encode(value), w)
-}
-
-fn decode_value<T: serde::de::DeserializeOwned, R: io::Read>(r: R) -> io::Result<T> {
-    let bytes = decode_bytes(r)?;
-    codec::decode(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
-}
-
-impl Encode for StoredLogId {
+impl<T: serde::Serialize> Encode for Coded<T> {
     fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
-        encode_value(&self.0, w)
+        codec::encode(&self.0).encode(w)
     }
 }
 
-impl Decode for StoredLogId {
+impl<T: serde::de::DeserializeOwned> Decode for Coded<T> {
     fn decode<R: io::Read>(r: R) -> io::Result<Self> {
-        decode_value(r).map(StoredLogId)
-    }
-}
-
-impl Encode for StoredVote {
-    fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
-        encode_value(&self.0, w)
-    }
-}
-
-impl Decode for StoredVote {
-    fn decode<R: io::Read>(r: R) -> io::Result<Self> {
-        decode_value(r).map(StoredVote)
+        // codeq reads at most the length it finds; a corrupt length ends at the end of the
+        // record and fails its checksum.
+        let bytes = Vec::<u8>::decode(r)?;
+        let value = codec::decode(&bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        Ok(Coded(value))
     }
 }
 
 impl Encode for StoredEntry {
     fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
-        encode_bytes(&self.0, w)
+        self.0.as_ref().encode(w)
     }
 }
 
 impl Decode for StoredEntry {
     fn decode<R: io::Read>(r: R) -> io::Result<Self> {
-        decode_bytes(r).map(|bytes| StoredEntry(Arc::new(bytes)))
+        Vec::<u8>::decode(r).map(|bytes| StoredEntry(Arc::new(bytes)))
     }
 }
 
