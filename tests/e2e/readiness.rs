@@ -26,10 +26,16 @@ async fn grpc_health(cluster: &Cluster, i: usize, service: &str) -> Result<Servi
     ServingStatus::try_from(status).context("unknown serving status")
 }
 
-/// The raw answer to a publish on node index `i`: status and `Retry-After`.
-async fn publish_retry_after(cluster: &Cluster, i: usize) -> Result<(u16, Option<String>)> {
+/// The raw answer to a publish on node index `i`, sent with request id `id`: status and
+/// `Retry-After`.
+async fn publish_retry_after(
+    cluster: &Cluster,
+    i: usize,
+    id: &str,
+) -> Result<(u16, Option<String>)> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
-    let r = http.put(format!("{}/api/r/q", cluster.nodes[i].url)).body("x").send().await?;
+    let url = format!("{}/api/r/q", cluster.nodes[i].url);
+    let r = http.put(url).header("x-request-id", id).body("x").send().await?;
     let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
     Ok((r.status().as_u16(), retry))
 }
@@ -86,9 +92,17 @@ async fn ready_and_grpc_health_follow_the_leader_and_the_quorum() -> Result<()> 
     })
     .await;
     ensure!(status.is_ok(), "gRPC health still serving without a quorum");
-    // A write it cannot commit is a 503 asking for a retry a second later.
-    let (st, retry) = publish_retry_after(&cluster, survivor).await?;
+    // A write it cannot commit is a 503 asking for a retry a second later, and logged as a
+    // failed request under its id at the default log level (no per-request span there).
+    let (st, retry) = publish_retry_after(&cluster, survivor, "no-quorum-7").await?;
     ensure!(st == 503 && retry.as_deref() == Some("1"), "{st} Retry-After {retry:?}");
+    let log = cluster.nodes[survivor].log_text();
+    let failed = log.lines().find(|l| l.contains("request failed") && l.contains("no-quorum-7"));
+    let failed = failed.with_context(|| format!("the 503 was not logged with its id:\n{log}"))?;
+    for field in ["request_id=no-quorum-7", "method=PUT", "route=/api/{ns}/{q}", "status=503"] {
+        ensure!(failed.contains(field), "{field} missing: {failed}");
+    }
+    ensure!(!failed.contains("request{"), "the request span is on at info: {failed}");
 
     // One node back: a quorum again, and the survivor is ready again.
     let back = (survivor + 1) % 3;

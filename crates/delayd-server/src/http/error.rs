@@ -27,6 +27,11 @@ pub fn status(e: &ServiceError) -> StatusCode {
     }
 }
 
+/// The error of a request that failed on the server's side (a 5xx), carried on its response
+/// to the middleware, which logs it with the request's id ([`super::middleware`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Failure(pub(crate) String);
+
 /// What every handler answers.
 pub(crate) type ApiResult = Result<Response, ApiError>;
 
@@ -43,10 +48,12 @@ impl From<ServiceError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = status(&self.0);
-        if status.is_server_error() {
-            tracing::warn!(error = %self.0, "request failed");
+        let error = self.0.to_string();
+        let failed = status.is_server_error().then(|| Failure(error.clone()));
+        let mut response = (status, Json(json!({ "error": error }))).into_response();
+        if let Some(failed) = failed {
+            response.extensions_mut().insert(failed);
         }
-        let mut response = (status, Json(json!({ "error": self.0.to_string() }))).into_response();
         let headers = response.headers_mut();
         match &self.0 {
             ServiceError::Unauthenticated(_) => {

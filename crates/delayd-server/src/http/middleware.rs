@@ -1,9 +1,12 @@
 //! What every request passes through, in one layer ([`observe`]) around the router:
 //!
 //! - **a request id**: taken from the client's `x-request-id` when it sends a sensible one
-//!   (so a trace can cross services), made up otherwise, carried by a tracing span around the
-//!   whole request — every log line the request causes names it — and returned in the
-//!   response's `x-request-id`;
+//!   (so a trace can cross services), made up otherwise, and returned in the response's
+//!   `x-request-id`. A request that fails on the server's side (a 5xx with an error) is
+//!   logged as a warning naming its id, method and route. With this module's target at
+//!   `debug` (`RUST_LOG=info,delayd_server::http=debug`) a tracing span carries the id
+//!   around the whole request, so every line the request causes names it, and each request
+//!   ends with a line of its own;
 //! - **metrics**: every answer counted and timed by route template, refused requests
 //!   (401/403/429) included.
 //!
@@ -18,6 +21,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
+use crate::http::error::Failure;
 use crate::service::Service;
 
 /// The header both ways.
@@ -61,7 +65,10 @@ pub(crate) async fn observe(State(s): State<Service>, request: Request, next: Ne
         Some(m) => Route::Template(m.as_str()),
         None => Route::Unmatched(request.uri().path()),
     };
-    let span = tracing::info_span!(
+    // At `debug`: made, entered, left and closed on every request, the span cost about 5 %
+    // of a leader's instructions per reserve + ack (docs/bench/consume-path.md). Disabled,
+    // it is one cached check and its fields are never formatted.
+    let span = tracing::debug_span!(
         "request",
         request_id = %id.to_str().unwrap_or_default(),
         method = %request.method().as_str(),
@@ -83,6 +90,17 @@ pub(crate) async fn observe(State(s): State<Service>, request: Request, next: Ne
     .instrument(span)
     .await;
     let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
+    // Outside the span, so that the id is named once whether the span is on or off.
+    if let Some(Failure(error)) = response.extensions_mut().remove::<Failure>() {
+        tracing::warn!(
+            request_id = %id.to_str().unwrap_or_default(),
+            method = %method,
+            route = %route,
+            status = response.status().as_u16(),
+            error = %error,
+            "request failed"
+        );
+    }
     s.metrics().http_request(route, method, response.status().as_str(), took);
     response.headers_mut().insert(HEADER, id);
     response
