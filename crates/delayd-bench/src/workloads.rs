@@ -1123,8 +1123,12 @@ pub async fn failover(ctx: &Ctx, cluster: &mut Cluster) -> Result<Row> {
     let publishers = 4usize;
     let pause = Duration::from_secs_f64(publishers as f64 / ctx.opts.failover_rate.max(1) as f64);
     let mut tasks = Vec::new();
+    // Every node, even with the clients steered to the leader (`--via-leader`): steered, they
+    // would all send to the node that is killed, and no publish could succeed after it.
+    let path = ctx.queue_path(queue);
+    let urls: Vec<String> = cluster.urls.iter().map(|u| format!("{u}{path}")).collect();
     for p in 0..publishers {
-        let urls: Vec<String> = (0..cluster.urls.len()).map(|i| ctx.queue_url(i, queue)).collect();
+        let urls = urls.clone();
         let (http, stop, killed_at, first) =
             (http.clone(), stop.clone(), killed_at.clone(), first_ok_after.clone());
         let delay = ctx.opts.publish_delay_ms;

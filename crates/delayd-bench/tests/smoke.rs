@@ -215,6 +215,21 @@ fn rounds_repeat_every_system_and_give_each_ratio_per_round() -> Result<()> {
     Ok(())
 }
 
+/// With every client steered to the leader, `failover` still publishes through every node:
+/// steered, it sent everything to the node it kills, and no publish succeeded after the kill.
+#[test]
+fn failover_via_the_leader_publishes_through_the_survivors() -> Result<()> {
+    let Some(delayd) = delayd_or_skip() else { return Ok(()) };
+    let args = ["--nodes", "3", "--via-leader", "--workloads", "failover"];
+    let (results, stdout) = bench_json(&delayd, &args)?;
+    let rows = results["rows"].as_array().context("rows")?;
+    let row = rows.iter().find(|r| r["workload"] == "failover").context("no failover row")?;
+    ensure!(row["status"] == "ok", "{row}\n{stdout}");
+    let first = &row["extra"]["first_publish_after_kill_ms"];
+    ensure!(first.as_f64().is_some_and(|ms| ms > 0.0), "no publish after the kill: {row}");
+    Ok(())
+}
+
 #[test]
 fn compare_mode_runs_both_builds_in_alternating_pairs() -> Result<()> {
     let Some(delayd) = delayd_or_skip() else { return Ok(()) };
