@@ -232,6 +232,19 @@ pub(crate) fn sync_blocking(wal: &mut Wal) -> Result<(), StoreError> {
     }
 }
 
+/// Bytes no compressor shrinks (a linear congruential sequence's high bytes), for tests that
+/// need an entry stored at its full size.
+#[cfg(test)]
+pub(crate) fn noise(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (x >> 56) as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,19 +264,6 @@ mod tests {
         let mut e = vec![codec::VERSION];
         e.extend_from_slice(body);
         e
-    }
-
-    /// Bytes no compressor shrinks (a linear congruential sequence's high bytes).
-    fn noise(n: usize) -> Vec<u8> {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                (x >> 56) as u8
-            })
-            .collect()
     }
 
     #[test]
