@@ -42,6 +42,7 @@ use delayd_store::{StateReader, StoreMetrics, TypeConfig};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::vote::RaftLeaderId as _;
 use openraft::{Instant as _, RaftMetrics, ServerState};
+use prometheus::core::{Atomic, GenericCounter};
 use prometheus::{
     CounterVec, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -198,8 +199,13 @@ impl Builder<'_> {
 
 /// Moves a counter up to `n`, a count kept elsewhere (RocksDB's, the log's flush worker's)
 /// that only grows while its source is open; scrapes are serialised, so the counter follows it.
-fn follow(counter: &IntCounter, n: u64) {
-    counter.inc_by(n.saturating_sub(counter.get()));
+fn follow<P: Atomic>(counter: &GenericCounter<P>, n: P::T) {
+    let at = counter.get();
+    if n > at {
+        let mut behind = n;
+        behind -= at;
+        counter.inc_by(behind);
+    }
 }
 
 fn to_i64(n: u64) -> i64 {
@@ -658,9 +664,8 @@ impl Metrics {
         self.log_size.reset();
         if let Some(log) = reader.log_flushes() {
             follow(&self.log_fsyncs.with_label_values::<&str>(&[]), log.fsyncs);
-            // As `follow`, in seconds.
-            let seconds = self.log_fsync_seconds.with_label_values::<&str>(&[]);
-            seconds.inc_by((log.fsync_micros as f64 / 1e6 - seconds.get()).max(0.0));
+            let seconds = log.fsync_micros as f64 / 1e6;
+            follow(&self.log_fsync_seconds.with_label_values::<&str>(&[]), seconds);
             self.log_size.with_label_values::<&str>(&[]).set(to_i64(log.disk_bytes));
         }
     }

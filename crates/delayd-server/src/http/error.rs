@@ -49,10 +49,9 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = status(&self.0);
         let error = self.0.to_string();
-        let failed = status.is_server_error().then(|| Failure(error.clone()));
-        let mut response = (status, Json(json!({ "error": error }))).into_response();
-        if let Some(failed) = failed {
-            response.extensions_mut().insert(failed);
+        let mut response = (status, Json(json!({ "error": &error }))).into_response();
+        if status.is_server_error() {
+            response.extensions_mut().insert(Failure(error));
         }
         let headers = response.headers_mut();
         match &self.0 {
