@@ -503,3 +503,39 @@ async fn a_terminated_leader_hands_over_before_it_exits() -> Result<()> {
     }
     Ok(())
 }
+
+/// A leader killed and started again before any follower's election timeout leads again only
+/// through an election, in a higher term. It sends entries to the followers before its own
+/// write of them is done: a quorum of followers can commit entries that its log lost in the
+/// kill, and had it taken up its old term at once, it would have appended other entries under
+/// the same log ids, which the followers take for the ones they hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_killed_and_back_at_once_leads_again_only_in_a_new_term() -> Result<()> {
+    // Followers that wait 8 s or more before they campaign: the killed leader is back well
+    // before, and would be leading already if it took up its term again.
+    let timeouts = ["--election-timeout-min-ms", "8000", "--election-timeout-max-ms", "9000"];
+    let mut cluster = Cluster::start(3, &timeouts).await?;
+    let leader = cluster.leader(Duration::from_secs(20)).await?;
+    let (st, before) = cluster.api(leader).put("/api/t/restore?delay=3600", "before").await?;
+    ensure!(st == 201, "{before}");
+    let (_, health) = cluster.api(leader).get("/health").await?;
+    let term = n(&health, "term")?;
+
+    cluster.nodes[leader].kill9()?;
+    cluster.nodes[leader] = cluster.nodes[leader].restart().await?;
+    let (_, health) = cluster.api(leader).get("/health").await?;
+    ensure!(s(&health, "state")? != "Leader", "back as leader without an election: {health}");
+
+    let new_leader = cluster.leader(Duration::from_secs(30)).await?;
+    let (_, health) = cluster.api(new_leader).get("/health").await?;
+    ensure!(n(&health, "term")? > term, "led again in term {term}: {health}");
+    let (st, after) = cluster.api(new_leader).put("/api/t/restore?delay=3600", "after").await?;
+    ensure!(st == 201, "{after}");
+    for job in [&before, &after] {
+        let path = format!("/api/t/restore/job/{}", s(job, "job_id")?);
+        let (st, got) = cluster.api(leader).get(&path).await?;
+        ensure!(st == 200, "{got}");
+    }
+    cluster.converged(&[0, 1, 2], Duration::from_secs(20)).await?;
+    Ok(())
+}

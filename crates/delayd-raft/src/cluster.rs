@@ -140,6 +140,14 @@ fn raft_config(c: &ClusterConfig) -> Result<openraft::Config, ClusterError> {
         // A node that was cut off or paused asks before it campaigns, so it cannot depose a
         // healthy leader with the term it inflated while alone.
         enable_pre_vote: Some(true),
+        // A leader that restarts wins an election before it leads again, never takes up its
+        // old term where it left off. It replicates entries before its own write of them is
+        // done, so the followers may have committed entries its log lost in the crash; leading
+        // on in the same term, it would append other entries under those very log ids, which
+        // the followers take for the ones they hold: the replicas' states part (seen in the
+        // chaos harness after a kill of all three nodes). A new term makes the log ids new,
+        // and the election takes the log of whoever holds the committed entries.
+        enable_leader_restore: Some(false),
         // Covers sending and installing a whole snapshot: a 1M-job install takes seconds.
         install_snapshot_timeout: 120_000,
         // As many entries per AppendEntries as the transport's message surely holds when

@@ -214,7 +214,7 @@ impl Store {
         std::fs::create_dir_all(&db_dir)
             .map_err(|e| StoreError::io(format!("create {}", db_dir.display()), e))?;
         let db = Arc::new(db::open(&db_dir, node)?);
-        let log = LogStore::open(data_dir, db.clone(), metrics.clone())?;
+        let log = LogStore::open(data_dir, db.clone(), metrics.clone(), log_files::Sizes::DEFAULT)?;
         let snapshots = snapshot::SnapshotDir::open(data_dir.join("snapshots"))?;
         let state = StateMachineStore::open(db, snapshots, metrics, log.flush_stats())?;
         Ok((log, state))

@@ -104,13 +104,14 @@ impl LogStore {
         data_dir: &Path,
         db: Arc<Db>,
         metrics: StoreMetrics,
+        sizes: log_files::Sizes,
     ) -> Result<Self, StoreError> {
         let dir = data_dir.join(log_files::DIR);
         let legacy = Legacy::read(&db)?;
         if !dir.exists() && !legacy.is_empty() {
             import_legacy(&db, &legacy, &dir)?;
         }
-        let wal = log_files::open(&dir)?;
+        let wal = log_files::open(&dir, sizes)?;
         if !legacy.is_empty() {
             refuse_newer_legacy(&legacy, &wal)?;
             remove_legacy(&db)?;
@@ -272,7 +273,7 @@ fn import_legacy(db: &Db, legacy: &Legacy, dir: &Path) -> Result<(), StoreError>
             .map_err(|e| StoreError::io(format!("remove {}", staging.display()), e))?;
     }
     {
-        let mut wal = log_files::open(&staging)?;
+        let mut wal = log_files::open(&staging, log_files::Sizes::DEFAULT)?;
         let io = |e| StoreError::io("copy the log out of RocksDB", e);
         if let Some(vote) = legacy.vote {
             wal.save_vote(Coded(vote)).map_err(io)?;
@@ -632,6 +633,133 @@ mod tests {
         assert_eq!(indexes(&mut log).await, [1, 2, 3]);
     }
 
+    /// The log against a model of what openraft may ask of it, with chunks a few KiB long
+    /// (every few appends close one) and, in half the walks, a cache too small to hold a
+    /// closed chunk's entries (reads go to the files): appends in the current term, a new
+    /// leader truncating above the commit index and appending in its own term, commits,
+    /// purges below the commit index, votes, and the process killed (the files copied as
+    /// they are, then opened) or closed and opened again. After every step the log must
+    /// hold exactly the model's entries, byte for byte.
+    #[tokio::test]
+    async fn a_random_walk_of_raft_writes_crashes_and_reopens_keeps_the_log_exact() {
+        use rand::{Rng, SeedableRng};
+        use std::collections::BTreeMap;
+
+        #[derive(Default)]
+        struct Model {
+            entries: BTreeMap<u64, LogEntry>,
+            purged: Option<LogId>,
+            committed: Option<LogId>,
+            vote: Option<Vote>,
+            term: u64,
+        }
+        impl Model {
+            fn last(&self) -> Option<LogId> {
+                self.entries.values().next_back().map(|e| e.log_id).or(self.purged)
+            }
+        }
+
+        fn open_small(dir: &std::path::Path, sizes: log_files::Sizes) -> LogStore {
+            let db = db::open(&dir.join("db"), None).expect("db");
+            LogStore::open(dir, Arc::new(db), StoreMetrics::default(), sizes).expect("open")
+        }
+
+        async fn check(log: &mut LogStore, model: &Model, step: &str) {
+            let got = log.try_get_log_entries(..).await.expect("read");
+            let want: Vec<&LogEntry> = model.entries.values().collect();
+            assert_eq!(got.len(), want.len(), "{step}: entries held");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(codec::encode(g), codec::encode(*w), "{step}: entry {}", w.log_id);
+            }
+            let state = log.get_log_state().await.expect("state");
+            assert_eq!(state.last_purged_log_id, model.purged, "{step}: purged");
+            assert_eq!(state.last_log_id, model.last(), "{step}: last");
+            assert_eq!(log.read_vote().await.expect("vote"), model.vote, "{step}: vote");
+            assert_eq!(log.committed(), model.committed, "{step}: committed");
+        }
+
+        for seed in 0..12u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let sizes = log_files::Sizes {
+                chunk_bytes: rng.random_range(2_000..8_000),
+                cache_bytes: if seed % 2 == 0 { 1_000 } else { 16 << 20 },
+            };
+            let mut dirs = vec![tempfile::tempdir().expect("dir")];
+            let mut log = open_small(dirs[0].path(), sizes);
+            let mut model = Model { term: 1, ..Model::default() };
+            for step in 0..300 {
+                let what = rng.random_range(0..100);
+                let at = format!("seed {seed} step {step} ({what})");
+                let last = model.last().map_or(0, |l| l.index);
+                let floor = model.committed.max(model.purged).map_or(0, |l| l.index);
+                if what < 55 {
+                    // Append in the current term, bodies from tiny to several hundred bytes,
+                    // compressible or not.
+                    let entries: Vec<LogEntry> = (1..=rng.random_range(1..6u64))
+                        .map(|i| {
+                            let len = rng.random_range(0..700);
+                            let body = if rng.random_bool(0.5) {
+                                vec![b'x'; len]
+                            } else {
+                                log_files::noise(len)
+                            };
+                            publish_entry(model.term, last + i, body)
+                        })
+                        .collect();
+                    log.blocking_append(entries.clone()).await.expect("append");
+                    model.entries.extend(entries.into_iter().map(|e| (e.log_id.index, e)));
+                } else if what < 65 && last > floor {
+                    // A new leader keeps a prefix the old one's commit index lies in.
+                    let keep = rng.random_range(floor..last);
+                    let kept = model.entries.get(&keep).map(|e| e.log_id).or(model.purged);
+                    if kept.is_none() && keep > 0 {
+                        continue;
+                    }
+                    log.truncate_after(kept).await.expect("truncate");
+                    model.entries.split_off(&(keep + 1));
+                    model.term += 1;
+                } else if what < 80 && last > model.committed.map_or(0, |c| c.index) {
+                    let from = model.committed.map_or(0, |c| c.index) + 1;
+                    let index = rng.random_range(from..=last);
+                    let Some(id) = model.entries.get(&index).map(|e| e.log_id) else { continue };
+                    log.save_committed(Some(id)).await.expect("commit");
+                    model.committed = Some(id);
+                } else if what < 85 {
+                    let Some(committed) = model.committed else { continue };
+                    let below = model.purged.map_or(1, |p| p.index + 1);
+                    if committed.index < below {
+                        continue;
+                    }
+                    let index = rng.random_range(below..=committed.index);
+                    let id = model.entries[&index].log_id;
+                    log.purge(id).await.expect("purge");
+                    model.entries = model.entries.split_off(&(index + 1));
+                    model.purged = Some(id);
+                } else if what < 88 {
+                    model.term += 1;
+                    let vote = Vote::new(model.term, rng.random_range(0..3));
+                    log.save_vote(&vote).await.expect("vote");
+                    model.vote = Some(vote);
+                } else if what < 95 {
+                    // Killed: what the files hold now. Every write above was awaited, but a
+                    // commit index is saved with the next synced write and may be older.
+                    let copy = tempfile::tempdir().expect("dir");
+                    crate::test_entries::copy_tree(dirs.last().expect("dir").path(), copy.path());
+                    drop(log);
+                    log = open_small(copy.path(), sizes);
+                    dirs.push(copy);
+                    let committed = log.committed();
+                    assert!(committed <= model.committed, "{at}: committed {committed:?}");
+                    model.committed = committed;
+                } else {
+                    drop(log);
+                    log = open_small(dirs.last().expect("dir").path(), sizes);
+                }
+                check(&mut log, &model, &at).await;
+            }
+        }
+    }
+
     /// A data directory from before the log had files of its own kept it in RocksDB: it is
     /// copied out on the first start and removed from RocksDB, and later starts read the copy.
     #[tokio::test]
@@ -709,7 +837,9 @@ mod tests {
         // What a crash mid-copy leaves: a staging directory with a log of its own (here one
         // that RocksDB's does not match, to tell them apart).
         {
-            let mut staged = log_files::open(&dir.path().join("log.import")).expect("open");
+            let mut staged =
+                log_files::open(&dir.path().join("log.import"), log_files::Sizes::DEFAULT)
+                    .expect("open");
             let stray = publish_entry(1, 7, b"stray".to_vec());
             let bytes = StoredEntry(Arc::new(codec::encode(&stray)));
             staged.append([(Coded(stray.log_id), bytes)]).expect("append");

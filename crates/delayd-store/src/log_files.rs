@@ -214,15 +214,27 @@ impl raft_log::Callback for Flushed {
     }
 }
 
+/// How large the log's chunks and its cache of closed chunks' entries are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    pub(crate) chunk_bytes: usize,
+    pub(crate) cache_bytes: usize,
+}
+
+impl Sizes {
+    /// What a node runs with: [`CHUNK_BYTES`] and [`CACHE_BYTES`].
+    pub(crate) const DEFAULT: Sizes = Sizes { chunk_bytes: CHUNK_BYTES, cache_bytes: CACHE_BYTES };
+}
+
 /// Opens (creating if needed) the log in `dir`: replays its chunks and cuts off a torn tail.
-pub(crate) fn open(dir: &Path) -> Result<Wal, StoreError> {
+pub(crate) fn open(dir: &Path, sizes: Sizes) -> Result<Wal, StoreError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| StoreError::io(format!("create {}", dir.display()), e))?;
     let mut config = raft_log::Config::new(dir.display());
-    config.wal.chunk_max_size = Some(CHUNK_BYTES);
+    config.wal.chunk_max_size = Some(sizes.chunk_bytes);
     config.wal.read_buffer_size = Some(READ_BUFFER_BYTES);
     config.wal.flush_batch_wait = Some(FLUSH_BATCH_WAIT);
-    config.log_cache_capacity = Some(CACHE_BYTES);
+    config.log_cache_capacity = Some(sizes.cache_bytes);
     RaftLog::open(Arc::new(config))
         .map_err(|e| StoreError::io(format!("open the Raft log in {}", dir.display()), e))
 }
