@@ -136,6 +136,7 @@ pub struct Metrics {
     raft_quorum_ack: GaugeVec,
 
     rocksdb_size: IntGaugeVec,
+    rocksdb_memory: IntGaugeVec,
     /// No labels: a vector so that the series is absent when RocksDB cannot be asked.
     rocksdb_write_stopped: IntGaugeVec,
     rocksdb_write_stalls: IntCounterVec,
@@ -383,6 +384,12 @@ impl Metrics {
             rocksdb_size: b.gauge(
                 "delayd_rocksdb_size_bytes",
                 "Space RocksDB uses, by kind: sst files, memtables, wal files.",
+                &["kind"],
+            )?,
+            rocksdb_memory: b.gauge(
+                "delayd_rocksdb_memory_bytes",
+                "Memory RocksDB holds besides its memtables, by kind: table_readers (index and \
+                 filter blocks of open SST files, outside the block cache), block_cache.",
                 &["kind"],
             )?,
             rocksdb_write_stopped: b.gauge(
@@ -633,6 +640,13 @@ impl Metrics {
                     [("sst", s.sst_bytes), ("memtable", s.memtable_bytes), ("wal", s.wal_bytes)]
                 {
                     self.rocksdb_size.with_label_values(&[kind]).set(to_i64(n));
+                }
+                let memory = [
+                    ("table_readers", s.table_readers_bytes),
+                    ("block_cache", s.block_cache_bytes),
+                ];
+                for (kind, n) in memory {
+                    self.rocksdb_memory.with_label_values(&[kind]).set(to_i64(n));
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot read RocksDB's sizes"),

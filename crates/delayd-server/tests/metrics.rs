@@ -299,6 +299,8 @@ async fn metrics_follow_requests_jobs_raft_and_storage() {
     assert!(after.value("delayd_rocksdb_size_bytes", &[("kind", "memtable")]) > 0.0);
     assert!(after.get("delayd_rocksdb_size_bytes", &[("kind", "sst")]).is_some());
     assert!(after.get("delayd_rocksdb_size_bytes", &[("kind", "wal")]).is_some());
+    assert!(after.get("delayd_rocksdb_memory_bytes", &[("kind", "table_readers")]).is_some());
+    assert!(after.get("delayd_rocksdb_memory_bytes", &[("kind", "block_cache")]).is_some());
     // Nothing held this node's writes back.
     assert_eq!(after.get("delayd_rocksdb_write_stopped", &[]), Some(0.0));
     for kind in ["stop", "delay"] {

@@ -402,6 +402,13 @@ pub struct StorageSizes {
     pub memtable_bytes: u64,
     /// WAL files in the database directory.
     pub wal_bytes: u64,
+    /// Memory, not disk: what the open SST files' readers hold outside the block cache (their
+    /// index and filter blocks, `rocksdb.estimate-table-readers-mem`), every column family.
+    /// It grows with the number of stored keys.
+    pub table_readers_bytes: u64,
+    /// Memory, not disk: what the state machine's shared block cache holds
+    /// (`rocksdb.block-cache-usage`), at most its capacity.
+    pub block_cache_bytes: u64,
 }
 
 /// Reads [`StorageSizes`]: RocksDB properties summed over the column families, and a listing
@@ -413,7 +420,12 @@ pub(crate) fn sizes(db: &Db) -> Result<StorageSizes, StoreError> {
         let int = |p| db.property_int_value_cf(handle, p).map(Option::unwrap_or_default);
         sizes.sst_bytes += int(rocksdb::properties::TOTAL_SST_FILES_SIZE)?;
         sizes.memtable_bytes += int(rocksdb::properties::CUR_SIZE_ALL_MEM_TABLES)?;
+        sizes.table_readers_bytes += int(rocksdb::properties::ESTIMATE_TABLE_READERS_MEM)?;
     }
+    // One cache behind every state machine column family: read through any one of them.
+    let jobs = cf(db, Cf::Jobs.name())?;
+    sizes.block_cache_bytes =
+        db.property_int_value_cf(jobs, rocksdb::properties::BLOCK_CACHE_USAGE)?.unwrap_or_default();
     let dir = db.path();
     let entries =
         std::fs::read_dir(dir).map_err(|e| StoreError::io(format!("list {}", dir.display()), e))?;
@@ -559,6 +571,27 @@ mod tests {
             batch.put_cf(cf(db, cf_.name()).expect("cf"), k, b"v");
         }
         db.write(batch).expect("write");
+    }
+
+    /// Jobs flushed to a table file: its reader holds the table's index and bloom filter
+    /// outside the block cache, and a read by key brings a data block into the cache. Both
+    /// are reported with the disk sizes.
+    #[test]
+    fn sizes_report_table_readers_and_the_block_cache() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = open(dir.path(), None).expect("open");
+        let before = sizes(&db).expect("sizes");
+        assert_eq!((before.sst_bytes, before.table_readers_bytes), (0, 0));
+        let keys: Vec<Vec<u8>> = (0u32..2000).map(|i| i.to_be_bytes().to_vec()).collect();
+        put(&db, Cf::Jobs, &keys.iter().map(Vec::as_slice).collect::<Vec<_>>());
+        flush_state(&db).expect("flush");
+        let jobs = cf(&db, Cf::Jobs.name()).expect("cf");
+        assert!(db.get_cf(jobs, &keys[1000]).expect("get").is_some());
+        let after = sizes(&db).expect("sizes");
+        assert!(after.sst_bytes > 0, "{after:?}");
+        assert!(after.table_readers_bytes > 0, "{after:?}");
+        assert!(after.block_cache_bytes > 0, "{after:?}");
+        assert!(after.block_cache_bytes <= SM_BLOCK_CACHE as u64, "{after:?}");
     }
 
     /// The options RocksDB records it runs with, from the newest `OPTIONS-*` file of a store
