@@ -711,10 +711,8 @@ mod tests {
                 } else if what < 65 && last > floor {
                     // A new leader keeps a prefix the old one's commit index lies in.
                     let keep = rng.random_range(floor..last);
+                    // `keep` is at least the purged index: held, purged, or 0 (keep nothing).
                     let kept = model.entries.get(&keep).map(|e| e.log_id).or(model.purged);
-                    if kept.is_none() && keep > 0 {
-                        continue;
-                    }
                     log.truncate_after(kept).await.expect("truncate");
                     model.entries.split_off(&(keep + 1));
                     model.term += 1;

@@ -251,17 +251,14 @@ pub(crate) fn sync_blocking(wal: &mut Wal) -> Result<(), StoreError> {
     }
 }
 
-/// Bytes no compressor shrinks (a linear congruential sequence's high bytes), for tests that
-/// need an entry stored at its full size.
+/// Bytes no compressor shrinks (random, from a fixed seed), for tests that need an entry
+/// stored at its full size.
 #[cfg(test)]
 pub(crate) fn noise(n: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    (0..n)
-        .map(|_| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (x >> 56) as u8
-        })
-        .collect()
+    use rand::{RngCore, SeedableRng};
+    let mut bytes = vec![0; n];
+    rand::rngs::StdRng::seed_from_u64(0x9E37_79B9).fill_bytes(&mut bytes);
+    bytes
 }
 
 #[cfg(test)]
