@@ -240,6 +240,57 @@ async fn a_node_killed_after_purging_its_log_comes_back_to_the_same_state() -> R
     Ok(())
 }
 
+/// Log entries are bounded in number by the snapshot policy, not in size: bulk publishes of
+/// bodies that do not compress must not fill the disk with log. Past `snapshot_log_bytes` a
+/// node purges up to its snapshot, the `keep_logs` entries too, and builds a new snapshot
+/// when that is not enough; a follower that was down meanwhile catches up from the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_log_stays_within_its_byte_bound_and_a_follower_down_meanwhile_catches_up() -> Result<()>
+{
+    use rand::{RngCore, SeedableRng};
+    const BOUND: u64 = 16 << 20;
+    const JOBS: u64 = 64;
+    let bound = BOUND.to_string();
+    // The entry policy alone would keep every entry here: 64 entries, nowhere near 50,000.
+    let flags = ["--snapshot-log-bytes", &bound, "--max-entry-bytes", "4194304"];
+    let mut cluster = Cluster::start(3, &flags).await?;
+    let leader = cluster.leader(Duration::from_secs(10)).await?;
+    let down = (0..3).find(|i| *i != leader).context("no follower")?;
+    let up: Vec<usize> = (0..3).filter(|i| *i != down).collect();
+    cluster.nodes[down].kill9()?;
+
+    // 48 MiB of bodies that LZ4 cannot shrink: the log stores them as they are.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let api = cluster.api(leader);
+    for i in 0..JOBS {
+        let mut body = vec![0u8; 768 << 10];
+        rng.fill_bytes(&mut body);
+        let (st, r) = api.put(&format!("/api/t/big?delay=0&key=b{i}"), body).await?;
+        ensure!(st == 201, "publish {i}: {st} {r}");
+    }
+    let log_bytes = |i: usize| {
+        let node = &cluster.nodes[i];
+        async move { node.metric("delayd_log_size_bytes").await }
+    };
+    for &i in &up {
+        let within = eventually(Duration::from_secs(60), || async {
+            Ok(log_bytes(i).await?.filter(|b| *b <= BOUND))
+        })
+        .await;
+        ensure!(within.is_ok(), "node {}'s log stayed at {:?} bytes", i + 1, log_bytes(i).await?);
+    }
+
+    // The leader purged past the entries the stopped follower lacks: it can only catch up
+    // from a snapshot.
+    cluster.nodes[down] = cluster.nodes[down].restart().await?;
+    cluster.converged(&[0, 1, 2], Duration::from_secs(60)).await?;
+    let installs = cluster.nodes[down].metric("delayd_snapshot_install_seconds_count").await?;
+    ensure!(installs.is_some_and(|n| n > 0), "the follower installed {installs:?} snapshots");
+    let (st, got) = cluster.api(down).get("/api/t/big/size?stale=true").await?;
+    ensure!(st == 200 && n(&got, "size")? == JOBS, "the follower's size: {st} {got}");
+    Ok(())
+}
+
 /// Applies skip RocksDB's WAL, so a node re-applies at start whatever it applied after the
 /// last flush; a node stopped on purpose flushes last and has nothing to re-apply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

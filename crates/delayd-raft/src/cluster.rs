@@ -33,6 +33,7 @@ use crate::config::ClusterConfig;
 use crate::error::ClusterError;
 use crate::forward::{ForwardOp, ForwardReply, NodeStatus};
 use crate::identity::Identity;
+use crate::log_bound;
 use crate::metrics::ReplicationMetrics;
 use crate::network::{ForwardError, GrpcNetwork, MAX_MESSAGE_BYTES};
 use crate::propose::Proposer;
@@ -266,6 +267,12 @@ impl Cluster {
                 observer,
                 signal.clone(),
                 reservable.clone(),
+                shutdown_rx.clone(),
+            )),
+            tokio::spawn(log_bound::run(
+                raft.clone(),
+                reader.clone(),
+                config.snapshot_log_bytes,
                 shutdown_rx.clone(),
             )),
             tokio::spawn(pump::run(

@@ -50,6 +50,10 @@ pub struct ClusterConfig {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot, for followers that are only a little behind.
     pub keep_logs: u64,
+    /// Most bytes the log's files may hold: beyond them the node builds a snapshot and
+    /// purges its log up to it, `keep_logs` notwithstanding (see `docs/operations.md`).
+    /// At least [`MIN_LOG_BYTES_IN_ENTRIES`] of the largest entries.
+    pub snapshot_log_bytes: u64,
     /// Serve linearizable reads on the leader's lease (no round trip to a quorum) instead of
     /// confirming leadership with a quorum for each read. Safe while clocks advance at nearly
     /// the same rate on every node; see `docs/failover.md`.
@@ -60,6 +64,10 @@ pub struct ClusterConfig {
     /// `None`: plain text. See [`crate::tls`].
     pub tls: Option<Arc<Tls>>,
 }
+
+/// `snapshot_log_bytes` must hold this many of the largest entries: a bound any lower would
+/// have the node build a snapshot (a copy of its whole state) every entry or two.
+pub const MIN_LOG_BYTES_IN_ENTRIES: u64 = 4;
 
 /// Raft's timeouts, in milliseconds; `docs/failover.md` explains how each bounds failover.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,6 +133,7 @@ impl Default for ClusterConfig {
             tick_limit: 1024,
             snapshot_logs: 50_000,
             keep_logs: 10_000,
+            snapshot_log_bytes: 1 << 30,
             lease_reads: true,
             faults: None,
             tls: None,
@@ -149,6 +158,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("tick_limit", &self.tick_limit)
             .field("snapshot_logs", &self.snapshot_logs)
             .field("keep_logs", &self.keep_logs)
+            .field("snapshot_log_bytes", &self.snapshot_log_bytes)
             .field("lease_reads", &self.lease_reads)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
@@ -193,6 +203,15 @@ impl ClusterConfig {
         let p = &self.proposer;
         if p.max_batch == 0 || p.max_in_flight == 0 || self.tick_limit == 0 {
             return Err("max batch, max in flight and tick limit must be positive".into());
+        }
+        let entry = u64::try_from(p.max_entry_bytes).unwrap_or(u64::MAX);
+        let least = MIN_LOG_BYTES_IN_ENTRIES.saturating_mul(entry);
+        if self.snapshot_log_bytes < least {
+            return Err(format!(
+                "snapshot_log_bytes ({}) must hold at least {MIN_LOG_BYTES_IN_ENTRIES} entries of \
+                 max_entry_bytes ({}): {least} or more",
+                self.snapshot_log_bytes, p.max_entry_bytes
+            ));
         }
         Ok(())
     }

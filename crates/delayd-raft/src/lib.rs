@@ -50,6 +50,7 @@ mod fold;
 pub mod forward;
 pub mod identity;
 mod links;
+mod log_bound;
 pub mod metrics;
 pub mod network;
 pub mod propose;

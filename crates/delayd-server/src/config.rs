@@ -58,6 +58,9 @@ pub struct Config {
     pub snapshot_logs: u64,
     /// Log entries kept behind a snapshot, for followers that are only a little behind.
     pub keep_logs: u64,
+    /// Most bytes the log's files may hold before the node builds a snapshot and purges up
+    /// to it (see `delayd_raft::ClusterConfig::snapshot_log_bytes`).
+    pub snapshot_log_bytes: u64,
     /// Raft heartbeat interval in ms; also every replication RPC's timeout.
     pub heartbeat_ms: u64,
     /// Raft election timeout range in ms (min, max); a follower that hears no leader for a
@@ -141,6 +144,7 @@ impl Default for Config {
             ack_hold: Duration::from_millis(250),
             snapshot_logs: c.snapshot_logs,
             keep_logs: c.keep_logs,
+            snapshot_log_bytes: c.snapshot_log_bytes,
             heartbeat_ms: c.timing.heartbeat_ms,
             election_timeout_ms: c.timing.election_timeout_ms,
             transfer_timeout_ms: c.timing.transfer_timeout_ms,
@@ -270,6 +274,7 @@ impl Config {
             tick_limit: self.tick_limit,
             snapshot_logs: self.snapshot_logs,
             keep_logs: self.keep_logs,
+            snapshot_log_bytes: self.snapshot_log_bytes,
             lease_reads: self.lease_reads,
             faults: self.faults.clone(),
             tls: self.tls.clone(),
@@ -473,5 +478,19 @@ mod tests {
         let beyond = Duration::from_secs(u64::from(u32::MAX) + 1);
         assert!(err(Config { max_horizon: beyond, ..Config::default() }).contains("32-bit"));
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_log_bound_holds_a_few_of_the_largest_entries() {
+        let bound = |bytes: u64, entry: usize| Config {
+            snapshot_log_bytes: bytes,
+            max_entry_bytes: entry,
+            max_body_bytes: 256 << 10,
+            ..Config::default()
+        };
+        let e = bound(16 << 20, 8 << 20).validate().expect_err("two entries");
+        assert!(e.contains("snapshot_log_bytes (16777216)") && e.contains("33554432"), "{e}");
+        assert_eq!(bound(32 << 20, 8 << 20).validate(), Ok(()));
+        assert_eq!(bound(2 << 20, 512 << 10).validate(), Ok(()));
     }
 }

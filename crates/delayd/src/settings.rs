@@ -111,6 +111,10 @@ pub struct Settings {
     /// Log entries kept behind a snapshot [default: 10000].
     #[arg(long, env = "DELAYD_KEEP_LOGS")]
     pub keep_logs: Option<u64>,
+    /// Build a snapshot and purge the log up to it once the log's files hold more than this
+    /// many bytes, whatever `keep_logs` says [default: 1073741824; at least 4 × max_entry_bytes].
+    #[arg(long, env = "DELAYD_SNAPSHOT_LOG_BYTES")]
+    pub snapshot_log_bytes: Option<u64>,
     /// Raft heartbeat interval, also each replication RPC's timeout, in ms [default: 75].
     #[arg(long, env = "DELAYD_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
@@ -244,6 +248,7 @@ impl Settings {
             ack_hold_ms: Some(millis(c.ack_hold)),
             snapshot_logs: Some(c.snapshot_logs),
             keep_logs: Some(c.keep_logs),
+            snapshot_log_bytes: Some(c.snapshot_log_bytes),
             heartbeat_ms: Some(c.heartbeat_ms),
             election_timeout_min_ms: Some(c.election_timeout_ms.0),
             election_timeout_max_ms: Some(c.election_timeout_ms.1),
@@ -279,7 +284,7 @@ impl Settings {
             disque_addr, disque_namespace, protocol_idle_timeout_ms, beanstalk_addr,
             beanstalk_namespace, max_body_bytes, max_entry_bytes, max_horizon_s, request_timeout_ms, max_batch,
             max_in_flight, batch_linger_us,
-            tick_limit, ack_hold_ms, snapshot_logs, keep_logs, heartbeat_ms,
+            tick_limit, ack_hold_ms, snapshot_logs, keep_logs, snapshot_log_bytes, heartbeat_ms,
             election_timeout_min_ms, election_timeout_max_ms, transfer_timeout_ms, lease_reads, dev, admin_token,
             admin_token_file, previous_admin_tokens, cluster_secret, cluster_secret_file,
             previous_cluster_secrets, public_metrics, log_level, log_json, drain_timeout_ms,
@@ -443,6 +448,7 @@ impl Settings {
             ack_hold: self.ack_hold_ms.map_or(d.ack_hold, Duration::from_millis),
             snapshot_logs: positive("snapshot_logs", self.snapshot_logs, d.snapshot_logs)?,
             keep_logs: self.keep_logs.unwrap_or(d.keep_logs),
+            snapshot_log_bytes: self.snapshot_log_bytes.unwrap_or(d.snapshot_log_bytes),
             heartbeat_ms,
             election_timeout_ms: (min, max),
             transfer_timeout_ms: positive(
