@@ -250,6 +250,7 @@ impl Cluster {
         let clock = Clock::default();
         let riders = Arc::new(Riders::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let bound_metrics = replication_metrics.clone();
         let (proposer, proposer_task) = Proposer::spawn(
             raft.clone(),
             clock.clone(),
@@ -273,6 +274,7 @@ impl Cluster {
                 raft.clone(),
                 reader.clone(),
                 config.snapshot_log_bytes,
+                bound_metrics,
                 shutdown_rx.clone(),
             )),
             tokio::spawn(pump::run(

@@ -18,6 +18,8 @@ use delayd_store::{Raft, StateReader};
 use openraft::async_runtime::watch::WatchReceiver;
 use tokio::sync::watch;
 
+use crate::metrics::ReplicationMetrics;
+
 /// How often the task looks at the log's size: a look is a lock of the log and a read of two
 /// numbers, and a second of writes is what the bound may overshoot by.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -53,13 +55,16 @@ pub(crate) fn next_step(
     }
 }
 
-/// Runs until `shutdown`, or until the log has closed.
+/// Runs until `shutdown`, or until the log has closed. Each step taken is counted in
+/// `metrics` once, however many looks repeat it while openraft carries it out.
 pub(crate) async fn run(
     raft: Raft,
     reader: StateReader,
     limit: u64,
+    metrics: ReplicationMetrics,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut last = Step::Nothing;
     let mut looks = tokio::time::interval(LOOK_EVERY);
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -82,6 +87,10 @@ pub(crate) async fn run(
                 m.purged.map(|l| l.index),
             )
         };
+        if step != last && step != Step::Nothing {
+            metrics.log_bound_acted(step == Step::Snapshot);
+        }
+        last = step;
         let done = match step {
             Step::Nothing => Ok(()),
             Step::Purge(upto) => {

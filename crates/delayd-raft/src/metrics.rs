@@ -40,6 +40,10 @@ pub struct ReplicationMetrics {
     linger_expired: IntCounter,
     /// From handing an entry to Raft until it was committed and applied (or failed).
     commit_seconds: Histogram,
+    /// Purges the log's byte bound asked for (see `log_bound`).
+    log_bound_purges: IntCounter,
+    /// Snapshots the log's byte bound asked for.
+    log_bound_snapshots: IntCounter,
 }
 
 /// Bucket bounds for an entry's commit: 250 µs to 10 s, finest around a few fsyncs and a
@@ -101,6 +105,16 @@ impl Default for ReplicationMetrics {
                 .buckets(COMMIT_SECONDS.to_vec()),
             )
             .expect("valid histogram options"),
+            log_bound_purges: counter(
+                "delayd_log_bound_purges_total",
+                "Purges of the log up to the latest snapshot, past keep_logs, that this node \
+                 asked for because its log's files held more than snapshot_log_bytes.",
+            ),
+            log_bound_snapshots: counter(
+                "delayd_log_bound_snapshots_total",
+                "Snapshots this node asked for because its log's files held more than \
+                 snapshot_log_bytes with the log already purged up to the latest snapshot.",
+            ),
         }
     }
 }
@@ -117,6 +131,8 @@ impl ReplicationMetrics {
             &self.proposed_requests,
             &self.proposed_commands,
             &self.linger_expired,
+            &self.log_bound_purges,
+            &self.log_bound_snapshots,
         ] {
             registry.register(Box::new(c.clone()))?;
         }
@@ -188,6 +204,15 @@ impl ReplicationMetrics {
     /// handle to move into each entry's task, where cloning every handle here would not do.
     pub(crate) fn commit_seconds(&self) -> Histogram {
         self.commit_seconds.clone()
+    }
+
+    /// Counts one purge (`snapshot` false) or one snapshot the log's byte bound asked for.
+    pub(crate) fn log_bound_acted(&self, snapshot: bool) {
+        if snapshot {
+            self.log_bound_snapshots.inc();
+        } else {
+            self.log_bound_purges.inc();
+        }
     }
 
     /// Counts one request handed to the network, carrying `entries` entries and standing in for
