@@ -87,30 +87,24 @@ pub(crate) async fn run(
                 m.purged.map(|l| l.index),
             )
         };
-        if step != last && step != Step::Nothing {
-            metrics.log_bound_acted(step == Step::Snapshot);
-        }
+        // A step repeats while openraft carries it out (a purge waits for replication to
+        // leave the entries, a build takes seconds): counted and logged once.
+        let fresh = step != last;
         last = step;
+        if fresh && step != Step::Nothing {
+            metrics.log_bound_acted(step == Step::Snapshot);
+            tracing::info!(
+                disk_bytes = log.disk_bytes,
+                limit,
+                ?step,
+                "the log's files passed snapshot_log_bytes"
+            );
+        }
         let done = match step {
             Step::Nothing => Ok(()),
-            Step::Purge(upto) => {
-                tracing::debug!(
-                    disk_bytes = log.disk_bytes,
-                    limit,
-                    upto,
-                    "log over its bound: purging"
-                );
-                raft.trigger().purge_log(upto).await
-            }
-            Step::Snapshot => {
-                // openraft ignores the trigger while a build is under way.
-                tracing::info!(
-                    disk_bytes = log.disk_bytes,
-                    limit,
-                    "the log's files passed snapshot_log_bytes: building a snapshot"
-                );
-                raft.trigger().snapshot().await
-            }
+            Step::Purge(upto) => raft.trigger().purge_log(upto).await,
+            // openraft ignores the trigger while a build is under way.
+            Step::Snapshot => raft.trigger().snapshot().await,
         };
         if let Err(e) = done {
             // Raft has stopped: so has this task's purpose.

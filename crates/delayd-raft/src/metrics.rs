@@ -1,5 +1,5 @@
 //! The runtime's own Prometheus metrics: how the proposer packs requests into log entries,
-//! and what replication puts on the wire.
+//! what replication puts on the wire, and what the log's byte bound asked for.
 //!
 //! Like the store's metrics, [`ReplicationMetrics::default`] creates handles that are not
 //! registered anywhere; the server passes handles it registered in its node's registry to
