@@ -278,9 +278,7 @@ async fn the_log_stays_within_its_byte_bound_and_a_follower_down_meanwhile_catch
         })
         .await;
         ensure!(within.is_ok(), "node {}'s log stayed at {:?} bytes", i + 1, log_bytes(i).await?);
-    }
-    // The bound did it, not openraft's own policy: purges past `keep_logs` and snapshots.
-    for &i in &up {
+        // The bound did it, not openraft's own policy: purges past `keep_logs` and snapshots.
         let node = &cluster.nodes[i];
         let purges = node.metric("delayd_log_bound_purges_total").await?;
         let snapshots = node.metric("delayd_log_bound_snapshots_total").await?;

@@ -20,8 +20,8 @@ use tokio::sync::watch;
 
 use crate::metrics::ReplicationMetrics;
 
-/// How often the task looks at the log's size: a look is a lock of the log and a read of two
-/// numbers, and a second of writes is what the bound may overshoot by.
+/// How often the task looks at the log's size: a look holds the log's lock for one
+/// subtraction, and a second of writes is what the bound may overshoot by.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// What a node over its log bound does next.
@@ -72,15 +72,15 @@ pub(crate) async fn run(
             _ = looks.tick() => {}
             _ = shutdown.wait_for(|s| *s) => return,
         }
-        let Some(log) = reader.log_flushes() else { return };
-        if log.disk_bytes <= limit {
+        let Some(disk_bytes) = reader.log_disk_bytes() else { return };
+        if disk_bytes <= limit {
             continue;
         }
         let step = {
             let metrics = raft.metrics();
             let m = metrics.borrow_watched();
             next_step(
-                log.disk_bytes,
+                disk_bytes,
                 limit,
                 m.last_applied.map(|l| l.index),
                 m.snapshot.map(|l| l.index),
@@ -93,12 +93,7 @@ pub(crate) async fn run(
         last = step;
         if fresh && step != Step::Nothing {
             metrics.log_bound_acted(step == Step::Snapshot);
-            tracing::info!(
-                disk_bytes = log.disk_bytes,
-                limit,
-                ?step,
-                "the log's files passed snapshot_log_bytes"
-            );
+            tracing::info!(disk_bytes, limit, ?step, "the log's files passed snapshot_log_bytes");
         }
         let done = match step {
             Step::Nothing => Ok(()),
@@ -119,28 +114,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn within_the_bound_nothing_happens() {
-        assert_eq!(next_step(100, 100, Some(50), Some(10), Some(0)), Step::Nothing);
-        assert_eq!(next_step(0, 100, Some(50), None, None), Step::Nothing);
-    }
-
-    #[test]
-    fn over_the_bound_the_entries_kept_behind_the_snapshot_go_first() {
-        assert_eq!(next_step(101, 100, Some(50), Some(40), Some(30)), Step::Purge(40));
-        // Nothing purged yet (openraft's own purge keeps `keep_logs` entries).
-        assert_eq!(next_step(101, 100, Some(50), Some(40), None), Step::Purge(40));
-    }
-
-    #[test]
-    fn over_the_bound_with_the_log_purged_to_the_snapshot_a_new_one_is_built() {
-        assert_eq!(next_step(101, 100, Some(50), Some(40), Some(40)), Step::Snapshot);
-        // No snapshot at all yet.
-        assert_eq!(next_step(101, 100, Some(50), None, None), Step::Snapshot);
-    }
-
-    #[test]
-    fn over_the_bound_with_nothing_applied_since_the_snapshot_there_is_nothing_to_do() {
-        assert_eq!(next_step(101, 100, Some(40), Some(40), Some(40)), Step::Nothing);
-        assert_eq!(next_step(101, 100, None, None, None), Step::Nothing);
+    fn the_step_follows_from_the_log_size_and_where_snapshot_and_purge_stand() {
+        // (disk bytes against a bound of 100, applied, snapshot, purged) → step.
+        let cases = [
+            // Within the bound, nothing happens.
+            ((100, Some(50), Some(10), Some(0)), Step::Nothing),
+            ((0, Some(50), None, None), Step::Nothing),
+            // Over it, the entries kept behind the snapshot go first, purged or not yet
+            // (openraft's own purge keeps `keep_logs` entries).
+            ((101, Some(50), Some(40), Some(30)), Step::Purge(40)),
+            ((101, Some(50), Some(40), None), Step::Purge(40)),
+            // Purged up to the snapshot, or no snapshot yet: a new one is built.
+            ((101, Some(50), Some(40), Some(40)), Step::Snapshot),
+            ((101, Some(50), None, None), Step::Snapshot),
+            // Nothing applied since the snapshot: nothing to do.
+            ((101, Some(40), Some(40), Some(40)), Step::Nothing),
+            ((101, None, None, None), Step::Nothing),
+        ];
+        for ((disk, applied, snapshot, purged), want) in cases {
+            let got = next_step(disk, 100, applied, snapshot, purged);
+            assert_eq!(
+                got, want,
+                "{disk} bytes, applied {applied:?}, snapshot {snapshot:?}, purged {purged:?}"
+            );
+        }
     }
 }

@@ -203,6 +203,15 @@ impl FlushStats {
             disk_bytes: wal.on_disk_size(),
         })
     }
+
+    /// The log's chunk files on disk, in bytes; `None` once the log has closed. Unlike
+    /// [`FlushStats::read`], which gathers every chunk's statistics under the log's lock,
+    /// this holds the lock for one subtraction.
+    pub(crate) fn disk_bytes(&self) -> Option<u64> {
+        let wal = self.0.upgrade()?;
+        let wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(wal.on_disk_size())
+    }
 }
 
 /// Entries with `start <= index < end` (`end` `None`: to the end of the log). Only the

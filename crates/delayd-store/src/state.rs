@@ -604,6 +604,12 @@ impl StateReader {
         self.shared.log_flushes.read()
     }
 
+    /// The Raft log's size on disk alone (what [`StateReader::log_flushes`] reports as
+    /// `disk_bytes`), cheaper to read; `None` once the log has closed.
+    pub fn log_disk_bytes(&self) -> Option<u64> {
+        self.shared.log_flushes.disk_bytes()
+    }
+
     /// Sets the apply listener; see [`StateMachineStore::set_listener`].
     pub fn set_listener(&self, listener: ApplyListener) {
         *self.shared.listener.write().unwrap_or_else(PoisonError::into_inner) = Some(listener);
