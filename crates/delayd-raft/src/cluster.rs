@@ -250,12 +250,11 @@ impl Cluster {
         let clock = Clock::default();
         let riders = Arc::new(Riders::default());
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let bound_metrics = replication_metrics.clone();
         let (proposer, proposer_task) = Proposer::spawn(
             raft.clone(),
             clock.clone(),
             config.proposer,
-            replication_metrics,
+            replication_metrics.clone(),
             shutdown_rx.clone(),
         );
         let (relay, relay_task) =
@@ -274,7 +273,7 @@ impl Cluster {
                 raft.clone(),
                 reader.clone(),
                 config.snapshot_log_bytes,
-                bound_metrics,
+                replication_metrics,
                 shutdown_rx.clone(),
             )),
             tokio::spawn(pump::run(

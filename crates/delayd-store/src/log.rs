@@ -192,15 +192,22 @@ impl Synced {
 pub(crate) struct FlushStats(std::sync::Weak<Mutex<Wal>>);
 
 impl FlushStats {
-    /// `None` once the log has closed.
-    pub(crate) fn read(&self) -> Option<LogFlushes> {
+    /// `f` over the log under its lock; `None` once the log has closed.
+    fn with<T>(&self, f: impl FnOnce(&Wal) -> T) -> Option<T> {
         let wal = self.0.upgrade()?;
         let wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-        let m = wal.stat().flush_metrics;
-        Some(LogFlushes {
-            fsyncs: m.sync_batch_count,
-            fsync_micros: m.sync_us,
-            disk_bytes: wal.on_disk_size(),
+        Some(f(&wal))
+    }
+
+    /// `None` once the log has closed.
+    pub(crate) fn read(&self) -> Option<LogFlushes> {
+        self.with(|wal| {
+            let m = wal.stat().flush_metrics;
+            LogFlushes {
+                fsyncs: m.sync_batch_count,
+                fsync_micros: m.sync_us,
+                disk_bytes: wal.on_disk_size(),
+            }
         })
     }
 
@@ -208,9 +215,7 @@ impl FlushStats {
     /// [`FlushStats::read`], which gathers every chunk's statistics under the log's lock,
     /// this holds the lock for one subtraction.
     pub(crate) fn disk_bytes(&self) -> Option<u64> {
-        let wal = self.0.upgrade()?;
-        let wal = wal.lock().unwrap_or_else(PoisonError::into_inner);
-        Some(wal.on_disk_size())
+        self.with(Wal::on_disk_size)
     }
 }
 
